@@ -1,0 +1,115 @@
+"""`doctor()`: the environment report a learner runs first, and the hardware line printed next to numbers."""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+
+import torch
+
+from course_utils._display import ReadableResult
+
+FIX = "run `./course lab` (or `pip install -e .` in the course folder) to install the pinned set"
+# Packages the course needs, with the one-line fix printed when one is missing.
+REQUIRED = ("numpy", "matplotlib", "ipywidgets", "jupyterlab", "tqdm", "nbval",
+            "onnx", "onnxscript", "onnxruntime")
+
+
+@dataclass
+class DoctorReport(ReadableResult):
+    """Rows of (item, value) and the problems found; `ok` is True when nothing is missing."""
+
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        width = max(len(k) for k, _ in self.rows)
+        lines = [f"{k:<{width}}  {v}" for k, v in self.rows]
+        lines += [f"NOTE: {n}" for n in self.notes]
+        lines += [f"PROBLEM: {p}" for p in self.problems]
+        lines.append("All set." if self.ok else "Fix the problems above, then run the doctor again.")
+        return "\n".join(lines)
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo where there is one, else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def c_compiler() -> str | None:
+    """Path of the C compiler `torch.compile` (Inductor) would use on CPU, or None."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and (path := shutil.which(name)):
+            return path
+    return None
+
+
+def hardware_summary() -> str:
+    """One line naming the hardware that produced a measurement, e.g. for the top of a table."""
+    cpu = f"{cpu_name()} ({os.cpu_count()} logical cores, torch uses {torch.get_num_threads()} threads)"
+    if torch.cuda.is_available():
+        gpus = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        return f"GPU: {gpus}; CPU: {cpu}; torch {torch.__version__}"
+    return f"CPU only: {cpu}; torch {torch.__version__}"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def doctor() -> DoctorReport:
+    """Check what the course needs and return a printable report (also `python -m course_utils doctor`)."""
+    report = DoctorReport()
+    rows, problems = report.rows, report.problems
+    rows.append(("python", sys.version.split()[0] + f" ({sys.executable})"))
+    if sys.version_info < (3, 10):
+        problems.append("Python 3.10 or newer is needed; install it and re-run ./course lab")
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+    rows.append(("torch", f"{torch.__version__} ({build})"))
+    rows.append(("cpu", f"{cpu_name()}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}"))
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            rows.append((f"cuda:{i}", f"{props.name}, {props.total_memory / 2**30:.1f} GiB, "
+                                      f"compute capability {props.major}.{props.minor}"))
+    else:
+        rows.append(("cuda", "not available: CUDA-only cells run their labelled CPU counterpart"))
+        if torch.version.cuda:
+            report.notes.append("this torch is a CUDA build but no GPU is visible (driver? CUDA_VISIBLE_DEVICES?)")
+    rows.append(("mps", "available" if torch.backends.mps.is_available() else "not available"))
+    compiler = c_compiler()
+    rows.append(("C compiler", compiler or "none found"))
+    if compiler is None:
+        report.notes.append("torch.compile needs a C compiler on CPU (install gcc or clang); "
+                            "chapter 6 falls back to eager without one")
+    for dist in REQUIRED:
+        version = _version(dist)
+        rows.append((dist, version or "MISSING"))
+        if version is None:
+            problems.append(f"{dist} is not installed: {FIX}")
+    return report
+
+
+def main() -> int:
+    """Entry point of `python -m course_utils doctor`: prints the report; exit status 1 on problems."""
+    report = doctor()
+    print(report)
+    return 0 if report.ok else 1

@@ -1,0 +1,67 @@
+"""Context managers for pitfall cells: run the broken code, show its real error, prove it happened."""
+from __future__ import annotations
+
+import re
+import sys
+import traceback
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass
+class Caught:
+    """What a pitfall cell caught: the exception (or warning) object, filled in on exit."""
+
+    value: BaseException | Warning | None = None
+
+
+def _check_types(kind: object, base: type) -> None:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not kinds or not all(isinstance(k, type) and issubclass(k, base) for k in kinds):
+        raise TypeError(f"expected a {base.__name__} subclass (or a tuple of them), got {kind!r}")
+
+
+@contextmanager
+def expect_error(exc_type: type[BaseException] | tuple[type[BaseException], ...],
+                 match: str | None = None) -> Iterator[Caught]:
+    """Let the code inside raise `exc_type`, print the error as the learner would see it, go on.
+
+    Raises `AssertionError` if nothing was raised, or if the message does not match the
+    regular expression `match` (searched, like `pytest.raises`). Any other exception type
+    propagates unchanged: it is a real bug, not the pitfall being shown.
+    """
+    _check_types(exc_type, BaseException)
+    caught = Caught()
+    try:
+        yield caught
+    except exc_type as exc:  # type: ignore[misc]
+        caught.value = exc
+        message = str(exc)
+        shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+        print(f"Reproduced the pitfall -> {shown}", file=sys.stdout)
+        if match is not None and not re.search(match, message):
+            raise AssertionError(
+                f"{type(exc).__name__} was raised, but its message does not match {match!r}:\n"
+                f"{message}") from exc
+        return
+    names = exc_type.__name__ if isinstance(exc_type, type) else " or ".join(t.__name__ for t in exc_type)
+    raise AssertionError(f"expected {names} to be raised, but the code ran without it")
+
+
+@contextmanager
+def expect_warning(category: type[Warning] = Warning, match: str | None = None) -> Iterator[Caught]:
+    """Like `expect_error`, for a warning: records it, prints it, and asserts that it was issued."""
+    _check_types(category, Warning)
+    caught = Caught()
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        yield caught
+    for record in records:
+        if issubclass(record.category, category) and (match is None or re.search(match, str(record.message))):
+            caught.value = record.message  # type: ignore[assignment]
+            print(f"Reproduced the pitfall -> {record.category.__name__}: {record.message}")
+            return
+    seen = [f"{r.category.__name__}: {r.message}" for r in records] or ["no warning at all"]
+    raise AssertionError(f"expected a {category.__name__} matching {match!r}; saw: " + "; ".join(seen))

@@ -1,0 +1,95 @@
+"""Chapter 1: the manual regression, its pitfall, the exercises' checks, plots and the widget."""
+import math
+
+import pytest
+import torch
+
+from course_utils import RegressionExplorer, check_grad_of_cube, check_sgd_update, fit_line
+from course_utils import exercises
+from course_utils.plotting import plot_line_fit, plot_losses
+
+
+@pytest.fixture
+def line_data():
+    x = torch.linspace(-1, 1, 200).reshape(-1, 1)
+    return x, 2 * x + 0.3 + torch.randn(x.shape) * 0.02
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_fit_line_recovers_w_and_b(line_data, seed):
+    fit = fit_line(*line_data, lr=0.1, steps=1000, seed=seed)
+    assert abs(fit.w - 2) < 0.02 and abs(fit.b - 0.3) < 0.02
+    assert len(fit.losses) == 1000 and not fit.diverged
+    assert str(fit).startswith(f"w = {fit.w:.3f}, b = {fit.b:.3f} after 1000 steps")
+
+
+def test_fit_line_matches_autograd_free_closed_form(line_data):
+    x, y = line_data
+    design = torch.cat([x, torch.ones_like(x)], dim=1)
+    w, b = torch.linalg.lstsq(design, y).solution.flatten().tolist()
+    fit = fit_line(x, y, lr=0.1, steps=3000)
+    assert math.isclose(fit.w, w, abs_tol=1e-4) and math.isclose(fit.b, b, abs_tol=1e-4)
+
+
+def test_forgetting_zero_grad_makes_the_loss_oscillate(line_data):
+    good = fit_line(*line_data, steps=200)
+    bad = fit_line(*line_data, steps=200, zero_grad=False)
+    rises = sum(b > a for a, b in zip(bad.losses, bad.losses[1:]))
+    assert all(b <= a + 1e-9 for a, b in zip(good.losses, good.losses[1:]))  # monotone
+    assert rises > 10 and bad.losses[-1] > 10 * good.losses[-1]
+
+
+def test_fit_line_stops_on_divergence(line_data):
+    fit = fit_line(*line_data, lr=1.5, steps=1000)
+    assert fit.diverged and len(fit.losses) < 1000
+    assert "diverged" in str(fit)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"lr": 0}, "lr > 0"), ({"steps": 0}, "steps >= 1")])
+def test_fit_line_rejects_bad_hyperparameters(line_data, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fit_line(*line_data, **kwargs)
+
+
+def test_fit_line_rejects_bad_shapes():
+    with pytest.raises(ValueError, match=r"shape \(N, 1\)"):
+        fit_line(torch.ones(5), torch.ones(5))
+
+
+def test_checks_accept_the_reference_and_reject_wrong_answers(monkeypatch, capsys):
+    monkeypatch.setenv(exercises.SOLUTIONS_ENV, "0")
+    assert check_grad_of_cube(exercises._REFERENCES["grad_of_cube"])
+    assert not check_grad_of_cube(lambda x: 3.0 * x)  # wrong derivative
+    assert not check_grad_of_cube(lambda x: None)
+    assert "not attempted" in capsys.readouterr().out
+    assert check_sgd_update(exercises._REFERENCES["sgd_update"])
+
+    def rebinds_instead_of_updating(params, lr):
+        for p in params:
+            p = p - lr * p.grad  # noqa: F841  (the classic mistake: the leaf is untouched)
+    assert not check_sgd_update(rebinds_instead_of_updating)
+
+    def forgets_zero(params, lr):
+        with torch.no_grad():
+            for p in params:
+                p -= lr * p.grad
+    assert not check_sgd_update(forgets_zero)
+
+
+def test_plots_draw_one_line_per_history(line_data):
+    ax = plot_losses({"a": [3.0, 2.0, 1.0], "b": [1.0, float("nan")]})
+    assert len(ax.get_lines()) == 2 and ax.get_yscale() == "log"
+    ax = plot_line_fit(*line_data, 2.0, 0.3)
+    assert ax.get_lines()[0].get_label().startswith("fit: 2.00x")
+    with pytest.raises(ValueError, match="empty"):
+        plot_losses({})
+
+
+def test_regression_explorer_refits_when_the_slider_moves(line_data):
+    explorer = RegressionExplorer(*line_data, lr=0.1, steps=200)
+    before = explorer.last_fit
+    assert not before.diverged
+    explorer.lr.value = 1.5
+    assert explorer.last_fit is not before and explorer.last_fit.diverged
+    explorer.steps.value = 50
+    assert len(explorer.last_fit.losses) <= 50
