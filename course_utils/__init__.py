@@ -4,17 +4,20 @@ One module per topic; every public name is re-exported here, so `from course_uti
 works for all of them.
 """
 from course_utils.autograd import LineFit, check_grad_of_cube, check_sgd_update, fit_line
+from course_utils.data import LoaderStats, SyntheticImages, benchmark_loader, compare_pinned_copy
 from course_utils.devices import get_device, to_device
 from course_utils.environment import DoctorReport, doctor, hardware_summary
 from course_utils.exercises import exercise, solutions_in_place
-from course_utils.pitfalls import expect_error, expect_warning
+from course_utils.memory import saved_activation_bytes
+from course_utils.models import SmallConvNet, TransformerBlock, mlp
+from course_utils.modules import find_unregistered_modules, snapshot, unchanged
+from course_utils.pitfalls import capture_process_stderr, expect_error, expect_warning
 from course_utils.plotting import plot_line_fit, plot_losses
 from course_utils.rng import seed_everything
+from course_utils.training import History, evaluate, fit, train_accumulated, train_step
 from course_utils.widgets import RegressionExplorer
 
-__all__ = [
-    "DoctorReport", "LineFit", "RegressionExplorer", "check_grad_of_cube", "check_sgd_update", "doctor", "exercise",
-    "expect_error", "expect_warning", "fit_line", "get_device", "hardware_summary",
-    "plot_line_fit", "plot_losses", "seed_everything", "solutions_in_place", "to_device",
-]
+from types import ModuleType as _ModuleType
 
+__all__ = sorted(name for name, value in globals().items()
+                 if not name.startswith("_") and not isinstance(value, _ModuleType))

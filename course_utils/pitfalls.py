@@ -1,8 +1,10 @@
 """Context managers for pitfall cells: run the broken code, show its real error, prove it happened."""
 from __future__ import annotations
 
+import os
 import re
 import sys
+import tempfile
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -65,3 +67,33 @@ def expect_warning(category: type[Warning] = Warning, match: str | None = None) 
             return
     seen = [f"{r.category.__name__}: {r.message}" for r in records] or ["no warning at all"]
     raise AssertionError(f"expected a {category.__name__} matching {match!r}; saw: " + "; ".join(seen))
+
+
+@dataclass
+class CapturedText:
+    """Text captured by `capture_process_stderr`, filled in on exit."""
+
+    text: str = ""
+
+    @property
+    def last_line(self) -> str:
+        lines = [line for line in self.text.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+
+@contextmanager
+def capture_process_stderr() -> Iterator[CapturedText]:
+    """Capture what is written to file descriptor 2 (by this process and by child processes it
+    starts, such as DataLoader workers), e.g. to show a worker's crash reason in one line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    captured = CapturedText()
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured.text = sink.read().decode(errors="replace")

@@ -190,3 +190,12 @@ def test_report_check_prints_hint_and_raises_only_under_solutions(monkeypatch, c
 def test_every_public_name_is_importable():
     for name in course_utils.__all__:
         assert getattr(course_utils, name) is not None
+
+
+def test_capture_process_stderr_sees_child_processes():
+    from course_utils import capture_process_stderr
+    with capture_process_stderr() as captured:
+        subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('boom from child\\n')"])
+    assert captured.last_line == "boom from child"
+    assert sys.stderr is not None  # fd 2 restored: writing still works
+    print("after", file=sys.stderr)
