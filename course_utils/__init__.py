@@ -5,12 +5,16 @@ works for all of them.
 """
 from course_utils.autograd import LineFit, check_grad_of_cube, check_sgd_update, fit_line
 from course_utils.data import LoaderStats, SyntheticImages, benchmark_loader, compare_pinned_copy
-from course_utils.devices import get_device, to_device
+from course_utils.devices import DeviceMismatchError, check_devices, get_device, named_tensors, to_device
 from course_utils.environment import DoctorReport, doctor, hardware_summary
 from course_utils.exercises import exercise, solutions_in_place
-from course_utils.memory import saved_activation_bytes
+from course_utils.memory import (EstimateCheck, MemoryEstimate, MemoryReport, check_memory_estimate,
+                                 cuda_memory_cap, estimate_training_memory, find_max_batch_size,
+                                 measure_peak_memory,
+                                 saved_activation_bytes)
 from course_utils.models import SmallConvNet, TransformerBlock, mlp
 from course_utils.modules import find_unregistered_modules, snapshot, unchanged
+from course_utils.numerics import NonFinite, NonFiniteLocation, find_nonfinite, locate_nonfinite
 from course_utils.pitfalls import capture_process_stderr, expect_error, expect_warning
 from course_utils.plotting import plot_line_fit, plot_losses
 from course_utils.rng import seed_everything

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 _DEVICE_KINDS = ("cpu", "cuda", "mps")
 
@@ -56,3 +57,40 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool = False
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device, non_blocking) for v in batch)
     return batch
+
+
+def named_tensors(obj: Any, name: str = "batch") -> list[tuple[str, torch.Tensor]]:
+    """Every tensor inside a nested batch with its path: `batch[0]`, `batch['features']`, ..."""
+    if isinstance(obj, torch.Tensor):
+        return [(name, obj)]
+    if isinstance(obj, dict):
+        return [pair for key, value in obj.items() for pair in named_tensors(value, f"{name}[{key!r}]")]
+    if isinstance(obj, (list, tuple)):
+        return [pair for i, value in enumerate(obj) for pair in named_tensors(value, f"{name}[{i}]")]
+    return []
+
+
+class DeviceMismatchError(RuntimeError):
+    """Raised by `check_devices`: lists every tensor that is not on the model's device."""
+
+
+def check_devices(model: nn.Module, *tensors_or_batches: Any) -> None:
+    """Raise `DeviceMismatchError` naming every parameter, buffer and input tensor that is not on
+    the model's device (that of its first parameter), with the fix. Silent when all agree.
+    Inputs are named `inputs[0]`, `inputs[1]['x']`, ... in the order given."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    if not named:
+        raise ValueError("the model has no parameters or buffers, so it has no device to check against")
+    device = named[0][1].device
+    wrong = [f"  model {kind} {n}: {t.device}" for kind, group in
+             (("parameter", model.named_parameters()), ("buffer", model.named_buffers()))
+             for n, t in group if t.device != device]
+    wrong += [f"  input {path}: {t.device}" for path, t in named_tensors(list(tensors_or_batches), "inputs")
+              if t.device != device]
+    if wrong:
+        raise DeviceMismatchError(
+            f"the model is on {device}, but these tensors are not:\n" + "\n".join(wrong) +
+            f"\nFix: move the model once with model.to(device) and every batch with "
+            f"to_device(batch, device) before the forward pass (device = {device}).")

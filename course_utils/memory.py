@@ -1,9 +1,19 @@
 """Chapter 3 (and 2): how much memory training needs, measured rather than guessed."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import gc
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from course_utils._display import ReadableResult, format_bytes
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
@@ -34,3 +44,273 @@ def saved_activation_bytes(fn: Callable, *args, exclude: Iterable[torch.Tensor] 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = fn(*args, **kwargs)
     return total, result
+
+
+# --- estimating --------------------------------------------------------------------------
+
+# Optimizer state per parameter element, in units of the parameter's size.
+_OPTIMIZER_STATE = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
+
+
+@dataclass
+class MemoryEstimate(ReadableResult):
+    """Bytes a training step needs, by kind. `total` is their sum."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state + self.activations
+
+    def __str__(self) -> str:
+        rows = [("parameters", self.parameters), ("gradients", self.gradients),
+                ("optimizer state", self.optimizer_state), ("activations (saved for backward)", self.activations),
+                ("total", self.total)]
+        return "\n".join(f"{name:<34}{format_bytes(n):>12}" for name, n in rows)
+
+
+def estimate_training_memory(model: nn.Module, example_input: torch.Tensor, *, optimizer: str = "adam",
+                             dtype: torch.dtype | None = None) -> MemoryEstimate:
+    """Estimate the memory of one training step of `model` on `example_input` (a batch, shape (N, ...)).
+
+    Parameters, gradients (for parameters that require grad) and optimizer state (`sgd`: none,
+    `sgd_momentum`: 1x, `adam`/`adamw`: 2x plus a step counter per tensor) are counted from the
+    parameters, in `dtype` if given. Activations are **measured**: one forward pass runs on the
+    `meta` device (no real memory, no real compute) while `saved_activation_bytes` counts what
+    autograd saves for backward (the input included, the parameters excluded). Linear in N.
+    """
+    if optimizer not in _OPTIMIZER_STATE:
+        raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZER_STATE)}, got {optimizer!r}")
+    if not isinstance(example_input, torch.Tensor):
+        raise TypeError(f"example_input must be a tensor batch, got {type(example_input).__name__}")
+
+    def meta_like(t: torch.Tensor) -> torch.Tensor:
+        cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        return torch.empty_like(t, device="meta", dtype=cast).requires_grad_(t.requires_grad)
+
+    params = {name: meta_like(p) for name, p in model.named_parameters()}
+    buffers = {name: meta_like(b) for name, b in model.named_buffers()}
+    trainable = [p for p in params.values() if p.requires_grad]
+    param_bytes = sum(p.numel() * p.element_size() for p in params.values())
+    grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
+    state_bytes = _OPTIMIZER_STATE[optimizer] * grad_bytes
+    if optimizer.startswith("adam"):
+        state_bytes += 4 * len(trainable)  # a float32 `step` per parameter tensor
+    was_training = model.training
+    model.train()
+    try:
+        activations, _ = saved_activation_bytes(torch.func.functional_call, model, {**params, **buffers},
+                                                (meta_like(example_input),), exclude=trainable)
+    finally:
+        model.train(was_training)
+    return MemoryEstimate(param_bytes, grad_bytes, state_bytes, activations)
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+@dataclass
+class MemoryReport(ReadableResult):
+    """Peak memory of one call above the memory in use before it, and what the call returned."""
+
+    peak_bytes: int
+    device: torch.device
+    result: Any = field(repr=False)
+    method: str = ""
+
+    def __str__(self) -> str:
+        return f"peak {format_bytes(self.peak_bytes)} above baseline on {self.device} ({self.method})"
+
+
+class _TensorAllocationTracker(TorchDispatchMode):
+    """Counts bytes of tensor storages created by ATen ops while active, and frees them as they die.
+
+    Written by hand because PyTorch's CPU allocator keeps no statistics (torch.cuda.memory_stats
+    exists for CUDA only). A new storage is one that no input of the op shares (views and
+    in-place results are not allocations); `weakref.finalize` on the storage notices its release.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.alive: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            storage = t.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+            if key and key not in inputs and key not in self.alive:
+                self.alive.add(key)
+                self.live += size
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(storage, self._release, key, size)
+        return out
+
+    def _release(self, key: int, size: int) -> None:
+        if key in self.alive:
+            self.alive.discard(key)
+            self.live -= size
+
+
+def measure_peak_memory(fn: Callable, *args, device: torch.device | str | None = None, **kwargs) -> MemoryReport:
+    """Run `fn(*args, **kwargs)` and report its peak memory above the baseline on `device`
+    (default: CUDA if available, else CPU).
+
+    CUDA: `torch.cuda.max_memory_allocated()` after `reset_peak_memory_stats()`, minus the
+    memory allocated before; byte-exact for the caching allocator's allocations (the cache
+    itself, `memory_reserved`, is larger).
+    CPU: every tensor storage created by an ATen operator during the call is counted from its
+    creation until it is freed, byte-exact for tensors; it does not see scratch memory inside a
+    kernel, Python objects, or allocator overhead, so the process's RSS grows by somewhat more.
+    """
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
+        result = fn(*args, **kwargs)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - baseline
+        return MemoryReport(peak, device, result, "torch.cuda peak statistics")
+    if device.type != "cpu":
+        raise ValueError(f"measure_peak_memory supports cuda and cpu, got {device}")
+    gc.collect()
+    tracker = _TensorAllocationTracker()
+    with tracker:
+        result = fn(*args, **kwargs)
+    return MemoryReport(tracker.peak, device, result, "tensor storages tracked per ATen op")
+
+
+def find_max_batch_size(make_step: Callable[[int], Any], *, start: int = 1, limit: int,
+                        budget_bytes: int | None = None, margin: float = 0.1,
+                        device: torch.device | str | None = None) -> int:
+    """Largest batch size in [start, limit] whose step fits, found by doubling then binary search,
+    then reduced by `margin` (10 % by default) because a size that fit once can still run out of
+    memory later (fragmentation, longer sequences, other processes).
+
+    `make_step(batch_size)` must run one full training step at that size. Without
+    `budget_bytes` (CUDA only) a size fits if it raises no `torch.OutOfMemoryError`; with it, a
+    size fits if its measured peak (`measure_peak_memory`) is at most `budget_bytes` — the CPU
+    counterpart. Raises `RuntimeError` if even `start` does not fit.
+    """
+    if not 1 <= start <= limit:
+        raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if budget_bytes is None and device.type != "cuda":
+        raise ValueError("without CUDA there is no out-of-memory error to catch: pass budget_bytes")
+
+    def fits(n: int) -> bool:
+        if budget_bytes is not None:
+            return measure_peak_memory(make_step, n, device=device).peak_bytes <= budget_bytes
+        out_of_memory = False
+        try:
+            make_step(n)
+        except torch.OutOfMemoryError:
+            out_of_memory = True
+        # freed here, outside the except block: its traceback would keep the step's tensors alive
+        gc.collect()
+        torch.cuda.empty_cache()
+        return not out_of_memory
+
+    if not fits(start):
+        raise RuntimeError(f"even batch size {start} does not fit; shrink the model or the input")
+    good, bad = start, None
+    while bad is None and good < limit:  # doubling
+        candidate = min(2 * good, limit)
+        if fits(candidate):
+            good = candidate
+        else:
+            bad = candidate
+    while bad is not None and bad - good > 1:  # binary search in (good, bad)
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return max(start, int(good * (1 - margin)))
+
+
+# --- checking the estimate against a measurement --------------------------------------------
+
+_OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
+    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+}
+
+
+@dataclass
+class EstimateCheck(ReadableResult):
+    """Per batch size: estimated bytes (gradients + optimizer state + activations) and the
+    measured peak of one real first training step above the memory held before it."""
+
+    model_name: str
+    device: torch.device
+    rows: list[tuple[int, int, int]]  # (batch size, estimated, measured)
+
+    @property
+    def ratios(self) -> list[float]:
+        """measured / estimated, per batch size."""
+        return [measured / estimated for _, estimated, measured in self.rows]
+
+    @property
+    def worst_relative_error(self) -> float:
+        return max(abs(r - 1) for r in self.ratios)
+
+    def __str__(self) -> str:
+        lines = [f"{self.model_name} on {self.device}: estimate vs measured peak of one training step",
+                 f"{'batch':>6} {'estimated':>12} {'measured':>12} {'measured/est':>13}"]
+        lines += [f"{n:>6} {format_bytes(e):>12} {format_bytes(m):>12} {m / e:>13.2f}" for n, e, m in self.rows]
+        return "\n".join(lines)
+
+
+def check_memory_estimate(model: nn.Module, input_shape: tuple[int, ...], batch_sizes: Iterable[int], *,
+                          optimizer: str = "adam", model_name: str = "",
+                          device: torch.device | str | None = None) -> EstimateCheck:
+    """Compare `estimate_training_memory` (on a meta batch) with `measure_peak_memory` of a real
+    first step (fresh optimizer, so its state is allocated inside the step; loss = mean of the
+    squared output) for inputs of shape (N, *input_shape). The parameters exist before the step
+    and are left out of both sides. `model` must already be on `device`."""
+    if optimizer not in _OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZERS)}, got {optimizer!r}")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    rows = []
+    for n in batch_sizes:
+        estimate = estimate_training_memory(model, torch.empty(n, *input_shape, device="meta"), optimizer=optimizer)
+        model.zero_grad(set_to_none=True)
+        opt = _OPTIMIZERS[optimizer](model.parameters())
+
+        def step() -> None:
+            batch = torch.randn(n, *input_shape, device=device)
+            model(batch).float().pow(2).mean().backward()
+            opt.step()
+
+        measured = measure_peak_memory(step, device=device).peak_bytes
+        model.zero_grad(set_to_none=True)
+        del opt
+        rows.append((n, estimate.total - estimate.parameters, measured))
+    return EstimateCheck(model_name or type(model).__name__, device, rows)
+
+
+@contextmanager
+def cuda_memory_cap(fraction: float, device: int | str | torch.device = 0) -> Iterator[int]:
+    """Cap this process at `fraction` of the GPU's memory (to reproduce a real OOM safely) and
+    restore the full GPU on exit. Yields the cap in bytes."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_memory_cap needs a CUDA device; on CPU use a budget_bytes instead")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    try:
+        yield int(fraction * torch.cuda.get_device_properties(device).total_memory)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        gc.collect()
+        torch.cuda.empty_cache()

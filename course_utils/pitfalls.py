@@ -39,9 +39,11 @@ def expect_error(exc_type: type[BaseException] | tuple[type[BaseException], ...]
     try:
         yield caught
     except exc_type as exc:  # type: ignore[misc]
-        caught.value = exc
         message = str(exc)
         shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+        # keep the exception but not its frames: they would keep the failed code's tensors
+        # alive (after a CUDA OOM, exactly the memory you want back)
+        caught.value = exc.with_traceback(None)
         print(f"Reproduced the pitfall -> {shown}", file=sys.stdout)
         if match is not None and not re.search(match, message):
             raise AssertionError(
@@ -63,7 +65,9 @@ def expect_warning(category: type[Warning] = Warning, match: str | None = None) 
     for record in records:
         if issubclass(record.category, category) and (match is None or re.search(match, str(record.message))):
             caught.value = record.message  # type: ignore[assignment]
-            print(f"Reproduced the pitfall -> {record.category.__name__}: {record.message}")
+            lines = str(record.message).strip().splitlines()
+            more = f" [... {len(lines) - 1} more lines in .value]" if len(lines) > 1 else ""
+            print(f"Reproduced the pitfall -> {record.category.__name__}: {lines[0]}{more}")
             return
     seen = [f"{r.category.__name__}: {r.message}" for r in records] or ["no warning at all"]
     raise AssertionError(f"expected a {category.__name__} matching {match!r}; saw: " + "; ".join(seen))
