@@ -4,6 +4,8 @@ One module per topic; every public name is re-exported here, so `from course_uti
 works for all of them.
 """
 from course_utils.autograd import LineFit, check_grad_of_cube, check_sgd_update, fit_line
+from course_utils.checkpoints import (CheckpointError, LoadReport, load_checkpoint, load_matching_state_dict,
+                                      save_checkpoint, saved_as_if_on)
 from course_utils.data import LoaderStats, SyntheticImages, benchmark_loader, compare_pinned_copy
 from course_utils.devices import DeviceMismatchError, check_devices, get_device, named_tensors, to_device
 from course_utils.environment import DoctorReport, doctor, hardware_summary
@@ -17,7 +19,7 @@ from course_utils.modules import find_unregistered_modules, snapshot, unchanged
 from course_utils.numerics import NonFinite, NonFiniteLocation, find_nonfinite, locate_nonfinite
 from course_utils.pitfalls import capture_process_stderr, expect_error, expect_warning
 from course_utils.plotting import plot_line_fit, plot_losses
-from course_utils.rng import seed_everything
+from course_utils.rng import capture_rng_state, restore_rng_state, seed_everything
 from course_utils.training import History, evaluate, fit, train_accumulated, train_step
 from course_utils.widgets import RegressionExplorer
 
