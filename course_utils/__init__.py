@@ -10,8 +10,11 @@ from course_utils.data import LoaderStats, SyntheticImages, benchmark_loader, co
 from course_utils.devices import DeviceMismatchError, check_devices, get_device, named_tensors, to_device
 from course_utils.distributed import (TorchrunFailed, TorchrunResult, global_batch_size, is_main_process,
                                       launch_torchrun, rank_zero_only, seed_for_rank, shard_indices)
-from course_utils.environment import DoctorReport, doctor, hardware_summary
+from course_utils.environment import DoctorReport, cpp_compiler, doctor, hardware_summary
 from course_utils.exercises import exercise, solutions_in_place
+from course_utils.inference import (BenchmarkTable, CompiledModel, OnnxVerification, PrecisionChoice, benchmark,
+                                    choose_autocast, count_compilations, export_onnx, onnx_session, try_compile,
+                                    verify_onnx)
 from course_utils.memory import (EstimateCheck, MemoryEstimate, MemoryReport, check_memory_estimate,
                                  cuda_memory_cap, estimate_training_memory, find_max_batch_size,
                                  measure_peak_memory,

@@ -51,9 +51,9 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def c_compiler() -> str | None:
-    """Path of the C compiler `torch.compile` (Inductor) would use on CPU, or None."""
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+def cpp_compiler() -> str | None:
+    """Path of a C++ compiler, which `torch.compile` (Inductor) needs to build CPU kernels, or None."""
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
         if name and (path := shutil.which(name)):
             return path
     return None
@@ -95,10 +95,10 @@ def doctor() -> DoctorReport:
         if torch.version.cuda:
             report.notes.append("this torch is a CUDA build but no GPU is visible (driver? CUDA_VISIBLE_DEVICES?)")
     rows.append(("mps", "available" if torch.backends.mps.is_available() else "not available"))
-    compiler = c_compiler()
-    rows.append(("C compiler", compiler or "none found"))
+    compiler = cpp_compiler()
+    rows.append(("C++ compiler", compiler or "none found"))
     if compiler is None:
-        report.notes.append("torch.compile needs a C compiler on CPU (install gcc or clang); "
+        report.notes.append("torch.compile needs a C++ compiler on CPU (install g++ or clang++); "
                             "chapter 6 falls back to eager without one")
     for dist in REQUIRED:
         version = _version(dist)

@@ -1,0 +1,121 @@
+"""Chapter 6: benchmark, precision choice, torch.compile helpers, ONNX export and verification."""
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from course_utils import inference
+from course_utils.inference import (benchmark, choose_autocast, count_compilations, export_onnx, try_compile,
+                                    verify_onnx)
+from course_utils.models import mlp
+
+
+@pytest.fixture
+def model():
+    return mlp([16, 32, 4]).eval()
+
+
+def test_benchmark_table_orders_speedups_and_measures_first_call():
+    import time
+    slow_first = {"calls": 0}
+
+    def fast(x):
+        return x + 1
+
+    def slow(x):
+        slow_first["calls"] += 1
+        if slow_first["calls"] == 1:
+            time.sleep(0.05)              # a "compile" on the first call only
+        time.sleep(0.002)
+        return x + 1
+    table = benchmark({"fast": fast, "slow": slow}, torch.ones(3), min_run_time=0.05)
+    assert [r.name for r in table.rows] == ["fast", "slow"]
+    assert table["fast"].speedup == 1.0 and table["slow"].speedup < 0.5
+    assert table["slow"].first_call_s >= 0.05 > table["slow"].median_s
+    assert table.num_threads == torch.get_num_threads()
+    assert "speed-up" in str(table) and "torch.utils.benchmark" in str(table)
+    assert len(table.plot().patches) == 2
+    with pytest.raises(ValueError, match="empty"):
+        benchmark({})
+
+
+def test_choose_autocast_on_cpu_is_bfloat16_and_runs():
+    choice = choose_autocast("cpu")
+    assert choice.dtype == torch.bfloat16 and not choice.use_grad_scaler
+    with choice.autocast():
+        assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
+    with pytest.raises(ValueError):
+        choose_autocast("meta")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_choose_autocast_on_cuda_follows_compute_capability():
+    choice = choose_autocast("cuda")
+    native_bf16 = torch.cuda.get_device_capability()[0] >= 8
+    assert (choice.dtype == torch.bfloat16) == native_bf16 and choice.use_grad_scaler == (not native_bf16)
+
+
+def test_try_compile_compiles_and_matches_eager(model):
+    x = torch.randn(3, 16)
+    result = try_compile(model, x, backend="eager")
+    assert result.compiled and result.compile_s > 0
+    torch.testing.assert_close(result(x), model(x))
+    torch._dynamo.reset()
+
+
+def test_try_compile_falls_back_without_a_compiler(model, monkeypatch):
+    monkeypatch.setattr(inference, "cpp_compiler", lambda: None)
+    result = try_compile(model, torch.randn(3, 16))
+    assert not result.compiled and "no C++ compiler" in str(result)
+    assert result.fn is model
+
+
+def test_try_compile_falls_back_when_compilation_fails(model):
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("backend exploded")
+    result = try_compile(model, torch.randn(3, 16), backend=broken_backend)
+    assert not result.compiled and "backend exploded" in result.reason
+    torch._dynamo.reset()
+
+
+def test_count_compilations_static_versus_dynamic(model):
+    inputs = [torch.randn(n, 16) for n in (2, 4, 8, 16)]
+    assert count_compilations(model, inputs, dynamic=False) == 4
+    assert count_compilations(model, inputs, dynamic=True) == 1
+
+
+def test_dynamic_export_verifies_at_several_batch_sizes(model, tmp_path):
+    path = export_onnx(model, (torch.randn(2, 16),), tmp_path / "m.onnx")
+    assert path.exists() and not list(tmp_path.glob("*.data"))          # weights embedded
+    assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_param   # symbolic batch
+    result = verify_onnx(model, path, [(torch.randn(n, 16),) for n in (1, 4, 32)])
+    assert result.passed and result.max_abs_error < 1e-4 and len(result.rows) == 3
+    assert model.training is False
+
+
+def test_static_export_fails_at_batch_4_naming_the_shape(model, tmp_path):
+    path = export_onnx(model, (torch.randn(2, 16),), tmp_path / "static.onnx", dynamic_batch=False)
+    result = verify_onnx(model, path, [(torch.randn(2, 16),), (torch.randn(4, 16),)])
+    assert not result.passed
+    assert result.rows[0].passed and not result.rows[1].passed
+    assert "[4, 16]" in result.rows[1].error
+    assert "FAIL" in str(result)
+
+
+def test_a_model_that_differs_from_the_file_fails_verification(model, tmp_path):
+    path = export_onnx(model, (torch.randn(2, 16),), tmp_path / "m.onnx")
+    changed = mlp([16, 32, 4]).eval()        # "a custom op replaced": other weights, same interface
+    result = verify_onnx(changed, path, [(torch.randn(4, 16),)])
+    assert not result.passed and result.max_abs_error > 1e-3
+
+
+def test_export_restores_training_mode_and_rejects_bad_examples(tmp_path):
+    model = mlp([16, 4], dropout=0.5).train()
+    export_onnx(model, (torch.randn(2, 16),), tmp_path / "m.onnx")
+    assert model.training
+    with pytest.raises(ValueError, match="batch of 2 or more"):
+        export_onnx(model, (torch.randn(1, 16),), tmp_path / "one.onnx")
+    with pytest.raises(TypeError, match="tuple of tensors"):
+        export_onnx(model, torch.randn(2, 16), tmp_path / "t.onnx")
+    with pytest.raises(ValueError, match="inputs_list is empty"):
+        verify_onnx(model, tmp_path / "m.onnx", [])
