@@ -12,6 +12,7 @@ from course_utils.distributed import (TorchrunFailed, TorchrunResult, global_bat
                                       launch_torchrun, rank_zero_only, seed_for_rank, shard_indices)
 from course_utils.environment import DoctorReport, cpp_compiler, doctor, hardware_summary
 from course_utils.exercises import exercise, solutions_in_place
+from course_utils.explain import Explanation, explain, load_ipython_extension, unload_ipython_extension
 from course_utils.inference import (BenchmarkTable, CompiledModel, OnnxVerification, PrecisionChoice, benchmark,
                                     choose_autocast, count_compilations, export_onnx, onnx_session, try_compile,
                                     verify_onnx)

@@ -1,6 +1,7 @@
 """Choosing a device, and moving nested batches onto it."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -24,7 +25,8 @@ def get_device(prefer: str | None = None) -> torch.device:
     """Return the best device here: CUDA if available, else MPS where it works, else CPU.
 
     `prefer` forces a kind ("cpu", "cuda" or "mps"); asking for one that is not usable
-    raises `RuntimeError` saying so. Prints nothing.
+    raises `RuntimeError` saying so. With COURSE_REQUIRE_CUDA=1 (the GPU test runner) a missing
+    GPU raises instead of falling back. Prints nothing.
     """
     if prefer is not None:
         if not isinstance(prefer, str) or prefer.split(":")[0] not in _DEVICE_KINDS:
@@ -38,6 +40,8 @@ def get_device(prefer: str | None = None) -> torch.device:
         return torch.device(prefer)
     if torch.cuda.is_available():
         return torch.device("cuda")
+    if os.environ.get("COURSE_REQUIRE_CUDA") == "1":  # the GPU runner: falling back would hide a broken setup
+        raise RuntimeError("COURSE_REQUIRE_CUDA=1 but no CUDA device is usable; run `python -m course_utils doctor`")
     if _mps_works():
         return torch.device("mps")
     return torch.device("cpu")

@@ -37,11 +37,15 @@ def loader():
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16, shuffle=True)
 
 
-def test_resume_is_bit_exact(tmp_path, loader):
+@pytest.fixture
+def straight(loader):
+    """Final weights of 4 uninterrupted epochs."""
     model, opt, sched = make_run()
     train_epochs(model, opt, sched, loader, 4)
-    straight = [p.detach().clone() for p in model.parameters()]
+    return [p.detach().clone() for p in model.parameters()]
 
+
+def test_resume_is_bit_exact(tmp_path, loader, straight):
     model, opt, sched = make_run()
     train_epochs(model, opt, sched, loader, 2)
     save_checkpoint(tmp_path / "ckpt.pt", model=model, optimizer=opt, scheduler=sched, epoch=2)
@@ -54,10 +58,7 @@ def test_resume_is_bit_exact(tmp_path, loader):
     assert all(torch.equal(a, b) for a, b in zip(straight, model.parameters()))
 
 
-def test_resume_without_optimizer_state_diverges(tmp_path, loader):
-    model, opt, sched = make_run()
-    train_epochs(model, opt, sched, loader, 4)
-    straight = [p.detach().clone() for p in model.parameters()]
+def test_resume_without_optimizer_state_diverges(tmp_path, loader, straight):
     model, opt, sched = make_run()
     train_epochs(model, opt, sched, loader, 2)
     save_checkpoint(tmp_path / "model_only.pt", model=model)

@@ -199,3 +199,21 @@ def test_capture_process_stderr_sees_child_processes():
     assert captured.last_line == "boom from child"
     assert sys.stderr is not None  # fd 2 restored: writing still works
     print("after", file=sys.stderr)
+
+
+def test_require_cuda_turns_a_cpu_fallback_into_an_error(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: nothing falls back")
+    monkeypatch.setenv("COURSE_REQUIRE_CUDA", "1")
+    with pytest.raises(RuntimeError, match="COURSE_REQUIRE_CUDA=1"):
+        get_device()
+    assert get_device("cpu").type == "cpu"          # an explicit CPU request stays allowed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_test_command_refuses_to_run_without_cuda():
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_foundation.py", "-k", "seed", "-q"],
+                          cwd=root, env={**os.environ, "COURSE_REQUIRE_CUDA": "1"}, capture_output=True, text=True)
+    assert done.returncode != 0 and "no CUDA device" in done.stdout + done.stderr
