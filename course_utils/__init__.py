@@ -18,8 +18,7 @@ from course_utils.inference import (BenchmarkTable, CompiledModel, OnnxVerificat
                                     verify_onnx)
 from course_utils.memory import (EstimateCheck, MemoryEstimate, MemoryReport, check_memory_estimate,
                                  cuda_memory_cap, estimate_training_memory, find_max_batch_size,
-                                 measure_peak_memory,
-                                 saved_activation_bytes)
+                                 measure_peak_memory, saved_activation_bytes)
 from course_utils.models import SmallConvNet, TransformerBlock, mlp
 from course_utils.modules import find_unregistered_modules, snapshot, unchanged
 from course_utils.numerics import NonFinite, NonFiniteLocation, find_nonfinite, locate_nonfinite
