@@ -58,12 +58,18 @@ def lab(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("lab")
     for notebook in NOTEBOOKS:
         shutil.copy(notebook, workdir)
+    # a private settings and workspace folder: no news prompt over the screenshots, nothing written to ~/.jupyter
+    config = tmp_path_factory.mktemp("lab-config")
+    settings = config / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     port, token = _free_port(), secrets.token_hex(16)
     log = open(workdir / "server.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={workdir}",
-         "--LabApp.expose_app_in_browser=True", *(["--allow-root"] if os.geteuid() == 0 else [])],
+         "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={config / 'settings'}",
+         f"--LabApp.workspaces_dir={config / 'workspaces'}", *(["--allow-root"] if os.geteuid() == 0 else [])],
         stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
     base = f"http://127.0.0.1:{port}"
     family: list[psutil.Process] = []
@@ -151,19 +157,11 @@ def test_run_all_in_jupyterlab(lab, browser, notebook):
     try:
         state = run_all_through_the_ui(page, base, token, notebook)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        _dismiss_news_prompt(page)
         page.screenshot(path=str(ARTIFACTS / f"{Path(notebook).stem}.png"), full_page=False)
         assert state["errors"] == [], f"{notebook} shows errors: {state['errors']}"
         assert state["done"] == state["total"] > 0
     finally:
         page.close()
-
-
-def _dismiss_news_prompt(page) -> None:
-    """JupyterLab asks once whether to fetch Jupyter news; answer No so screenshots show the notebook."""
-    no = page.locator(".jp-Notification-Toast button", has_text="No")
-    if no.count():
-        no.first.click()
 
 
 def _plot_fingerprint(page) -> str:

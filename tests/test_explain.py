@@ -82,9 +82,12 @@ def cuda_checkpoint_on_cpu():
 
 
 def no_rank_env():
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        os.environ.pop(name, None)
-    dist.init_process_group("gloo", init_method="env://")
+    saved = {name: os.environ.pop(name) for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+             if name in os.environ}
+    try:
+        dist.init_process_group("gloo", init_method="env://")   # as when a script is run without torchrun
+    finally:
+        os.environ.update(saved)
 
 
 def onnx_static_batch(tmp_path):
