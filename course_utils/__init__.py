@@ -9,7 +9,8 @@ from course_utils.checkpoints import (CheckpointError, LoadReport, load_checkpoi
 from course_utils.data import LoaderStats, SyntheticImages, benchmark_loader, compare_pinned_copy
 from course_utils.devices import DeviceMismatchError, check_devices, get_device, named_tensors, to_device
 from course_utils.distributed import (TorchrunFailed, TorchrunResult, global_batch_size, is_main_process,
-                                      launch_torchrun, rank_zero_only, seed_for_rank, shard_indices)
+                                      launch_torchrun, rank_zero_only, seed_for_rank, shard_indices, still_running,
+                                      worker_pids)
 from course_utils.environment import DoctorReport, cpp_compiler, doctor, hardware_summary
 from course_utils.exercises import exercise, solutions_in_place
 from course_utils.explain import Explanation, explain, load_ipython_extension, unload_ipython_extension

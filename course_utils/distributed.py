@@ -66,6 +66,25 @@ def shard_indices(n: int, rank: int, world_size: int) -> range:
     return range(rank, n, world_size)
 
 
+def worker_pids(log_dir: str | Path) -> list[int]:
+    """PIDs of the workers of a `course_utils.ddp_train` run (each writes `pid{RANK}` at start)."""
+    return [int(path.read_text()) for path in sorted(Path(log_dir).glob("pid*"))]
+
+
+def still_running(pids: list[int]) -> list[int]:
+    """The PIDs in `pids` that are still running (zombies, already dead but unreaped, don't count)."""
+    running = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        status = Path(f"/proc/{pid}/status")
+        if not (status.exists() and "zombie" in status.read_text()):
+            running.append(pid)
+    return running
+
+
 # --- launching torchrun -------------------------------------------------------------------
 
 class TorchrunFailed(RuntimeError):

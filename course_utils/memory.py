@@ -159,6 +159,13 @@ class _TensorAllocationTracker(TorchDispatchMode):
             self.live -= size
 
 
+def _device_or_default(device: torch.device | str | None) -> torch.device:
+    """`device`, or CUDA when available, else CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def measure_peak_memory(fn: Callable, *args, device: torch.device | str | None = None, **kwargs) -> MemoryReport:
     """Run `fn(*args, **kwargs)` and report its peak memory above the baseline on `device`
     (default: CUDA if available, else CPU).
@@ -170,7 +177,7 @@ def measure_peak_memory(fn: Callable, *args, device: torch.device | str | None =
     creation until it is freed, byte-exact for tensors; it does not see scratch memory inside a
     kernel, Python objects, or allocator overhead, so the process's RSS grows by somewhat more.
     """
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device_or_default(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -204,7 +211,7 @@ def find_max_batch_size(make_step: Callable[[int], Any], *, start: int = 1, limi
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device_or_default(device)
     if budget_bytes is None and device.type != "cuda":
         raise ValueError("without CUDA there is no out-of-memory error to catch: pass budget_bytes")
 

@@ -1,13 +1,12 @@
 """Chapter 5: distributed helpers, and the DDP script end to end under a real torchrun."""
 import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from course_utils.distributed import (TorchrunFailed, global_batch_size, is_main_process, launch_torchrun,
-                                      rank_zero_only, seed_for_rank, shard_indices)
+                                      rank_zero_only, seed_for_rank, shard_indices, still_running, worker_pids)
 
 
 def test_helpers_outside_a_process_group(monkeypatch):
@@ -50,19 +49,6 @@ def test_shard_indices_cover_every_sample_exactly_once(n, world):
         shard_indices(n, world, world)
 
 
-def _pids(log_dir: Path) -> list[int]:
-    return [int(p.read_text()) for p in log_dir.glob("pid*")]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return not (status.exists() and "zombie" in status.read_text())
-
-
 @pytest.mark.slow
 def test_two_process_gloo_run_end_to_end(tmp_path):
     result = launch_torchrun("course_utils.ddp_train", 2, "--log-dir", tmp_path, "--epochs", "2",
@@ -102,7 +88,7 @@ def test_a_crashing_rank_is_reported_and_nothing_is_left_running(tmp_path):
         launch_torchrun("course_utils.ddp_train", 2, "--log-dir", tmp_path, "--crash-rank", "1",
                         log_dir=tmp_path, echo=False, timeout_s=120)
     time.sleep(0.5)
-    assert len(_pids(tmp_path)) == 2 and not any(map(_alive, _pids(tmp_path)))
+    assert len(worker_pids(tmp_path)) == 2 and still_running(worker_pids(tmp_path)) == []
 
 
 @pytest.mark.slow
@@ -112,8 +98,8 @@ def test_timeout_kills_every_process(tmp_path):
         launch_torchrun("course_utils.ddp_train", 2, "--log-dir", tmp_path, "--sleep", "120",
                         log_dir=tmp_path, echo=False, timeout_s=15)
     assert time.monotonic() - start < 40
-    pids = _pids(tmp_path)
-    assert len(pids) == 2 and not any(map(_alive, pids))
+    pids = worker_pids(tmp_path)
+    assert len(pids) == 2 and still_running(pids) == []
 
 
 def test_script_refuses_to_run_outside_torchrun(tmp_path, monkeypatch):
@@ -121,6 +107,13 @@ def test_script_refuses_to_run_outside_torchrun(tmp_path, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(SystemExit, match="torchrun"):
         ddp_train.main(["--log-dir", str(tmp_path)])
+
+
+def test_still_running_tells_live_from_finished_processes():
+    import subprocess
+    import sys
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert still_running([os.getpid(), int(finished.stdout)]) == [os.getpid()]
 
 
 def test_launch_rejects_bad_nproc():
