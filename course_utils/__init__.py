@@ -11,8 +11,8 @@ from course_utils.devices import DeviceMismatchError, check_devices, get_device,
 from course_utils.distributed import (TorchrunFailed, TorchrunResult, global_batch_size, is_main_process,
                                       launch_torchrun, rank_zero_only, seed_for_rank, shard_indices, still_running,
                                       worker_pids)
-from course_utils.environment import DoctorReport, cpp_compiler, doctor, hardware_summary
-from course_utils.exercises import exercise, solutions_in_place
+from course_utils.environment import DoctorReport, cpp_compiler, doctor, hardware_summary, idle_cores
+from course_utils.exercises import Progress, Verdict, exercise, progress, solutions_in_place
 from course_utils.explain import Explanation, explain, load_ipython_extension, unload_ipython_extension
 from course_utils.inference import (BenchmarkTable, CompiledModel, OnnxVerification, PrecisionChoice, benchmark,
                                     choose_autocast, count_compilations, export_onnx, onnx_session, try_compile,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course_utils._display import ReadableResult
-from course_utils.exercises import reference_solution, report_check
+from course_utils.exercises import Verdict, reference_solution, report_check
 
 
 @dataclass
@@ -57,24 +57,25 @@ def fit_line(x: torch.Tensor, y: torch.Tensor, *, lr: float = 0.1, steps: int = 
 
 # --- exercises ---------------------------------------------------------------------------
 
-@reference_solution("grad_of_cube")
+@reference_solution("grad_of_cube", chapter=1)
 def _grad_of_cube(x: float) -> float:
     t = torch.tensor(x, requires_grad=True)
     (t ** 3).backward()
     return t.grad.item()
 
 
-def check_grad_of_cube(fn: Callable[[float], float]) -> bool:
+def check_grad_of_cube(fn: Callable[[float], float]) -> Verdict:
     """Exercise 1: `fn(x)` must return d/dx x**3 at x (that is 3x^2), computed by autograd."""
     got = [fn(2.0), fn(-1.5)]
     expected = [12.0, 6.75]
     passed = all(isinstance(g, float) and math.isclose(g, e, rel_tol=1e-6) for g, e in zip(got, expected))
-    return report_check("grad_of_cube", passed, None if got[0] is None else got, expected,
-                        "make a tensor with requires_grad=True, compute t ** 3, call backward(), "
-                        "return t.grad.item()")
+    observed = None if got[0] is None else f"at x = 2.0 and -1.5 your function returned {got}"
+    return report_check("grad_of_cube", passed, observed,
+                        ["the derivative of x**3 is 3x**2: at 2.0 that is 12.0, and it must be a Python float",
+                         "let autograd do it: a tensor made with requires_grad=True, then backward() on t ** 3"])
 
 
-@reference_solution("sgd_update")
+@reference_solution("sgd_update", chapter=1)
 def _sgd_update(params: list[torch.Tensor], lr: float) -> None:
     with torch.no_grad():
         for p in params:
@@ -82,7 +83,7 @@ def _sgd_update(params: list[torch.Tensor], lr: float) -> None:
             p.grad.zero_()
 
 
-def check_sgd_update(fn: Callable[[list[torch.Tensor], float], None]) -> bool:
+def check_sgd_update(fn: Callable[[list[torch.Tensor], float], None]) -> Verdict:
     """Exercise 2: `fn(params, lr)` must update each leaf in place by `-lr * grad` and zero its grad."""
     w = torch.tensor([1.0, -2.0], requires_grad=True)
     (w ** 2).sum().backward()  # grad = 2w = [2, -4]
@@ -91,8 +92,9 @@ def check_sgd_update(fn: Callable[[list[torch.Tensor], float], None]) -> bool:
            "is_leaf": w.is_leaf, "requires_grad": w.requires_grad}
     expected = {"w": [0.5, -1.0], "grad": [0.0, 0.0], "is_leaf": True, "requires_grad": True}
     passed = got == expected
-    if returned is None and got["w"] == [1.0, -2.0]:
-        got = None  # untouched: not attempted
-    return report_check("sgd_update", passed, got, expected,
-                        "inside `with torch.no_grad():` do `p -= lr * p.grad` then `p.grad.zero_()` "
-                        "for each p; `p = p - ...` would make a new tensor instead of updating the leaf")
+    untouched = returned is None and got["w"] == [1.0, -2.0] and got["grad"] == [2.0, -4.0]
+    observed = None if untouched else f"after one update of w = [1, -2] (grad [2, -4], lr 0.25) you left {got}"
+    return report_check("sgd_update", passed, observed,
+                        ["the update must change the same tensor object the caller holds, and leave its grad at 0",
+                         "`p = p - ...` only rebinds a local name; an in-place operator on a leaf needs "
+                         "torch.no_grad()"])

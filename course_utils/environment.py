@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
+import psutil
 import torch
 
 from course_utils._display import ReadableResult
@@ -66,6 +67,17 @@ def hardware_summary() -> str:
         gpus = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         return f"GPU: {gpus}; CPU: {cpu}; torch {torch.__version__}"
     return f"CPU only: {cpu}; torch {torch.__version__}"
+
+
+def idle_cores(interval_s: float = 0.5) -> float:
+    """How many logical cores were idle over the next `interval_s` seconds (e.g. 1.1 of 2).
+
+    A speed-up from parallel work (DataLoader workers, threads) needs idle cores; a learner's laptop
+    with a browser and a video call open may not have them. Measure before claiming one.
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be positive, got {interval_s}")
+    return sum(100.0 - busy for busy in psutil.cpu_percent(interval=interval_s, percpu=True)) / 100.0
 
 
 def _version(dist: str) -> str | None:

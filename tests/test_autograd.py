@@ -58,11 +58,10 @@ def test_fit_line_rejects_bad_shapes():
 
 def test_checks_accept_the_reference_and_reject_wrong_answers(monkeypatch, capsys):
     monkeypatch.setenv(exercises.SOLUTIONS_ENV, "0")
-    assert check_grad_of_cube(exercises._REFERENCES["grad_of_cube"])
+    assert check_grad_of_cube(exercises.reference("grad_of_cube"))
     assert not check_grad_of_cube(lambda x: 3.0 * x)  # wrong derivative
-    assert not check_grad_of_cube(lambda x: None)
-    assert "not attempted" in capsys.readouterr().out
-    assert check_sgd_update(exercises._REFERENCES["sgd_update"])
+    assert "not attempted" in str(check_grad_of_cube(lambda x: None))
+    assert check_sgd_update(exercises.reference("sgd_update"))
 
     def rebinds_instead_of_updating(params, lr):
         for p in params:
