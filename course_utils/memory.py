@@ -195,6 +195,15 @@ def measure_peak_memory(fn: Callable, *args, device: torch.device | str | None =
     return MemoryReport(tracker.peak, device, result, "tensor storages tracked per ATen op")
 
 
+# Out-of-memory errors that do not arrive as torch.OutOfMemoryError: cuDNN's plan search turns a
+# workspace allocation failure into "unable to find an engine"; cuBLAS fails to create its handle.
+_OOM_IN_DISGUISE = ("unable to find an engine", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or any(s in str(error) for s in _OOM_IN_DISGUISE)
+
+
 def find_max_batch_size(make_step: Callable[[int], Any], *, start: int = 1, limit: int,
                         budget_bytes: int | None = None, margin: float = 0.1,
                         device: torch.device | str | None = None) -> int:
@@ -203,25 +212,36 @@ def find_max_batch_size(make_step: Callable[[int], Any], *, start: int = 1, limi
     memory later (fragmentation, longer sequences, other processes).
 
     `make_step(batch_size)` must run one full training step at that size. Without
-    `budget_bytes` (CUDA only) a size fits if it raises no `torch.OutOfMemoryError`; with it, a
-    size fits if its measured peak (`measure_peak_memory`) is at most `budget_bytes` — the CPU
-    counterpart. Raises `RuntimeError` if even `start` does not fit.
+    `budget_bytes` (CUDA only) a size fits if it raises no out-of-memory error; with it, a size
+    fits if its measured peak (`measure_peak_memory` on `device`, default the CPU: a budget is
+    the CPU counterpart) is at most `budget_bytes`. Raises `RuntimeError` if even `start` does
+    not fit, or if a budgeted step allocates nothing on `device` (it runs somewhere else).
     """
     if not 1 <= start <= limit:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
-    device = _device_or_default(device)
-    if budget_bytes is None and device.type != "cuda":
-        raise ValueError("without CUDA there is no out-of-memory error to catch: pass budget_bytes")
+    if budget_bytes is not None:
+        # Not CUDA by default: on a GPU machine CUDA's counters would see 0 bytes of a CPU step.
+        device = torch.device(device) if device is not None else torch.device("cpu")
+    else:
+        device = _device_or_default(device)
+        if device.type != "cuda":
+            raise ValueError("without CUDA there is no out-of-memory error to catch: pass budget_bytes")
 
     def fits(n: int) -> bool:
         if budget_bytes is not None:
-            return measure_peak_memory(make_step, n, device=device).peak_bytes <= budget_bytes
+            peak = measure_peak_memory(make_step, n, device=device).peak_bytes
+            if peak == 0:
+                raise RuntimeError(f"the step at batch size {n} allocated nothing on {device}: it runs on "
+                                   "another device; pass device= the device make_step allocates on")
+            return peak <= budget_bytes
         out_of_memory = False
         try:
             make_step(n)
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not _is_out_of_memory(error):
+                raise
             out_of_memory = True
         # freed here, outside the except block: its traceback would keep the step's tensors alive
         gc.collect()
@@ -288,6 +308,13 @@ def check_memory_estimate(model: nn.Module, input_shape: tuple[int, ...], batch_
     if optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZERS)}, got {optimizer!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    batch_sizes = list(batch_sizes)
+    # One throwaway forward/backward first: libraries allocate lazily on first use (cuBLAS's
+    # workspace, 32 MiB on compute capability 9.0; cuDNN's), which would land in the first row.
+    model(torch.randn(min(batch_sizes), *input_shape, device=device)).float().pow(2).mean().backward()
+    model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     rows = []
     for n in batch_sizes:
         estimate = estimate_training_memory(model, torch.empty(n, *input_shape, device="meta"), optimizer=optimizer)

@@ -117,6 +117,58 @@ def test_find_max_batch_size_against_a_budget():
     assert find_max_batch_size(step, limit=50, budget_bytes=100 * bytes_per_sample, margin=0) == 50
 
 
+def _simulate_cuda_counters_that_see_nothing(monkeypatch):
+    """A CUDA machine as measure_peak_memory sees it, whose counters never see a CPU step."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    for name in ("memory_allocated", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: 0)
+
+
+def test_a_budget_is_measured_on_the_cpu_even_where_cuda_exists(monkeypatch):
+    bytes_per_sample = 40_000
+
+    def cpu_step(n):
+        return torch.empty(n * bytes_per_sample // 4).fill_(1).sum()
+    _simulate_cuda_counters_that_see_nothing(monkeypatch)
+    assert find_max_batch_size(cpu_step, limit=1000, budget_bytes=100 * bytes_per_sample + 100, margin=0) == 100
+    with pytest.raises(RuntimeError, match="allocated nothing on cuda"):
+        find_max_batch_size(cpu_step, limit=1000, budget_bytes=100 * bytes_per_sample, device="cuda")
+
+
+def test_oom_in_disguise_counts_as_out_of_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    def step(n):
+        if n > 40:
+            raise RuntimeError("cuDNN error: CUDNN_BACKEND_EXECUTION_PLAN: unable to find an engine to execute this computation")
+        if n == 37:
+            raise RuntimeError("an unrelated bug")
+    assert find_max_batch_size(step, start=1, limit=64, margin=0) == 40
+    with pytest.raises(RuntimeError, match="unrelated bug"):
+        find_max_batch_size(step, start=37, limit=64, margin=0)
+
+
+def test_the_estimate_check_warms_up_lazy_workspaces_before_measuring():
+    class LazyWorkspace(nn.Module):
+        """Keeps an 8 MiB scratch buffer from its first real call on, as cuBLAS keeps its workspace
+        (a meta-device forward pass, which the estimate runs, launches no kernel and allocates none)."""
+
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+            self.workspace = None
+
+        def forward(self, x):
+            if self.workspace is None and x.device.type != "meta":
+                self.workspace = torch.empty(2**21)
+            return self.linear(x)
+    check = check_memory_estimate(LazyWorkspace(), (8,), [4, 8], optimizer="sgd")
+    assert max(measured for _, _, measured in check.rows) < 2**20, str(check)
+
+
 def test_find_max_batch_size_errors():
     with pytest.raises(RuntimeError, match="even batch size 1"):
         find_max_batch_size(lambda n: torch.empty(1000).fill_(0), limit=4, budget_bytes=10)
