@@ -1,9 +1,11 @@
 """Chapter 4: checkpoints that survive crashes, resume exactly, and load only what matches."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pickle
+import socket
 import tempfile
 import zipfile
 from collections import OrderedDict
@@ -52,7 +54,10 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
         "rng": capture_rng_state(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    remove_stale_partials(path)
+    # the writer's host and PID in the name: a later save can tell a dead writer's leftover from a live write
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{socket.gethostname()}.{os.getpid()}.",
+                                     suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as temp:
             torch.save(payload, temp)
@@ -64,6 +69,36 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
         raise
     _fsync_directory(path.parent)  # make the rename itself durable
     return path
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)           # signal 0: nothing is sent, only existence is checked
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True               # it exists, under another user
+    return True
+
+
+def remove_stale_partials(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that killed writers left beside checkpoint `path`; return them.
+
+    A temporary file is named `.NAME.HOST.PID.RANDOM.partial`. Only files written on this host by a
+    process that no longer exists are removed: a live writer's file (this process's, another
+    job's) and files from other hosts on a shared filesystem, whose writers cannot be checked from
+    here, are left alone, as are temporary files of another naming.
+    """
+    path = Path(path)
+    prefix, host, removed = f".{path.name}.", socket.gethostname(), []
+    for candidate in path.parent.glob(f".{glob.escape(path.name)}.*{TEMP_SUFFIX}"):
+        parts = candidate.name[len(prefix):].rsplit(".", 3)          # HOST (may hold dots), PID, RANDOM, partial
+        if len(parts) != 4 or parts[0] != host or not parts[1].isdigit():
+            continue
+        if not _process_alive(int(parts[1])):
+            candidate.unlink(missing_ok=True)
+            removed.append(candidate)
+    return removed
 
 
 def _fsync_directory(folder: Path) -> None:
@@ -104,6 +139,7 @@ def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
     lacks a part that was asked for, or one whose weights do not fit the model.
     """
     path = Path(path)
+    remove_stale_partials(path)
     if map_location is None:
         first = next(iter(model.state_dict().values()), None)
         map_location = first.device if first is not None else torch.device("cpu")

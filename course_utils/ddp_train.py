@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from course_utils import cuda_evidence
 from course_utils.checkpoints import load_checkpoint, save_checkpoint
 from course_utils.distributed import global_batch_size, is_main_process, seed_for_rank, shard_indices
 from course_utils.models import mlp
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         log = train(args, rank, local_rank, world, backend, device)
         (args.log_dir / f"rank{rank}.json").write_text(json.dumps(log, indent=1))
+        cuda_evidence.record()   # in a GPU test run: this worker's CUDA use counts for its notebook
         dist.barrier()  # leave together: a rank tearing down while a peer still talks can abort it
     finally:
         dist.destroy_process_group()  # on every exit path, errors included

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 
 import psutil
 import torch
@@ -87,6 +90,48 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def nvidia_driver_cuda_version() -> str | None:
+    """The newest CUDA version the installed NVIDIA driver supports ("12.4"), read from nvidia-smi
+    with PyTorch's own environment collector; None without a driver."""
+    from torch.utils import collect_env
+    return collect_env.run_and_parse_first_match(collect_env.run, collect_env.get_nvidia_smi(), r"CUDA Version: (\S+)")
+
+
+def _as_version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+def _check_cuda_driver(report: DoctorReport) -> None:
+    """Name an NVIDIA driver older than the CUDA this torch was built with."""
+    driver = nvidia_driver_cuda_version()
+    report.rows.append(("NVIDIA driver", f"supports CUDA {driver}" if driver else "not found (nvidia-smi)"))
+    if driver is None:
+        return
+    wheel, supported = _as_version(torch.version.cuda), _as_version(driver)
+    if supported[:1] < wheel[:1]:
+        report.problems.append(f"the NVIDIA driver supports CUDA {driver} but this torch needs CUDA "
+                               f"{torch.version.cuda}: update the driver, or install a torch built for CUDA {driver}")
+    elif supported < wheel:
+        report.notes.append(f"the NVIDIA driver supports CUDA {driver}, older than this torch's CUDA "
+                            f"{torch.version.cuda}: it may work (minor-version compatibility); if CUDA "
+                            "errors appear, update the driver")
+
+
+def _check_gpu_compile_toolchain(report: DoctorReport) -> None:
+    """torch.compile on a GPU needs Triton, a C compiler (Triton builds its launcher) and Python's headers."""
+    triton = _version("triton")
+    report.rows.append(("triton", triton or "MISSING"))
+    c_compiler = next((path for name in (os.environ.get("CC"), "cc", "gcc", "clang") if name
+                       and (path := shutil.which(name))), None)
+    report.rows.append(("C compiler", c_compiler or "none found"))
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    missing = [what for what, ok in (("triton (pip install triton)", triton), ("a C compiler (gcc)", c_compiler),
+                                     (f"Python's headers ({headers}; python3-dev)", headers.exists())) if not ok]
+    if missing:
+        report.problems.append("torch.compile on the GPU needs " + ", ".join(missing)
+                               + "; chapter 6 would fall back to eager (and `./course gpu-test` fails)")
+
+
 def doctor() -> DoctorReport:
     """Check what the course needs and return a printable report (also `python -m course_utils doctor`)."""
     report = DoctorReport()
@@ -106,6 +151,10 @@ def doctor() -> DoctorReport:
         rows.append(("cuda", "not available: CUDA-only cells run their labelled CPU counterpart"))
         if torch.version.cuda:
             report.notes.append("this torch is a CUDA build but no GPU is visible (driver? CUDA_VISIBLE_DEVICES?)")
+    if torch.version.cuda:
+        _check_cuda_driver(report)
+    if torch.cuda.is_available():
+        _check_gpu_compile_toolchain(report)
     rows.append(("mps", "available" if torch.backends.mps.is_available() else "not available"))
     compiler = cpp_compiler()
     rows.append(("C++ compiler", compiler or "none found"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -155,20 +156,25 @@ class CompiledModel(ReadableResult):
 
 
 def try_compile(model: nn.Module, *example_inputs: Any, **compile_kwargs: Any) -> CompiledModel:
-    """`torch.compile(model, **compile_kwargs)` and run it once on `example_inputs` (compilation is
-    lazy: errors surface on the first call). If there is no C++ compiler for a CPU model, or
-    compilation fails, fall back to the eager model and say why, instead of crashing."""
+    """`torch.compile(model, **compile_kwargs)` and run it once on `example_inputs` under
+    `torch.inference_mode()` (compilation is lazy: errors surface on the first call). Call the
+    result under inference_mode too: Dynamo guards on the grad mode, and another one compiles a
+    second graph. If there is no C++ compiler for a CPU model, or compilation fails, fall back to
+    the eager model and say why, instead of crashing (except on the GPU runner)."""
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    if on_cpu and cpp_compiler() is None:
+    if on_cpu and cpp_compiler() is None and os.environ.get("COURSE_REQUIRE_CUDA") != "1":
         return CompiledModel(model, False, 0.0, "no C++ compiler found, which torch.compile needs on CPU "
                                                 "(python -m course_utils doctor; install g++ or clang++)")
     compiled = torch.compile(model, **compile_kwargs)
     start = time.perf_counter()
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             compiled(*example_inputs)
         _synchronize()
-    except Exception as error:  # any backend failure: the lesson goes on in eager mode
+    except Exception as error:  # any backend failure: the lesson goes on in eager mode ...
+        if os.environ.get("COURSE_REQUIRE_CUDA") == "1":   # ... except on the GPU runner, where it must work
+            raise RuntimeError("COURSE_REQUIRE_CUDA=1: torch.compile failed, and the GPU run must not fall back "
+                               "to eager; run `python -m course_utils doctor`") from error
         return CompiledModel(model, False, 0.0, f"compilation failed ({type(error).__name__}: {str(error)[:200]})")
     return CompiledModel(compiled, True, time.perf_counter() - start, "")
 

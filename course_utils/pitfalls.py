@@ -25,6 +25,18 @@ def _check_types(kind: object, base: type) -> None:
         raise TypeError(f"expected a {base.__name__} subclass (or a tuple of them), got {kind!r}")
 
 
+def key_line(message: str, width: int = 160) -> str:
+    """The part of a long warning or error a learner needs: its first sentence, with a note of
+    how much was left out (the whole text stays in `Caught.value`)."""
+    text = message.strip()
+    first = text.splitlines()[0] if text else ""
+    end = first.find(". ", 40)
+    if len(first) > width and end != -1:
+        first = first[:end + 1]
+    left_out = len(text) - len(first)
+    return first + (f" [... {left_out} more characters in .value]" if left_out > 0 else "")
+
+
 @contextmanager
 def expect_error(exc_type: type[BaseException] | tuple[type[BaseException], ...],
                  match: str | None = None) -> Iterator[Caught]:
@@ -65,9 +77,7 @@ def expect_warning(category: type[Warning] = Warning, match: str | None = None) 
     for record in records:
         if issubclass(record.category, category) and (match is None or re.search(match, str(record.message))):
             caught.value = record.message  # type: ignore[assignment]
-            lines = str(record.message).strip().splitlines()
-            more = f" [... {len(lines) - 1} more lines in .value]" if len(lines) > 1 else ""
-            print(f"Reproduced the pitfall -> {record.category.__name__}: {lines[0]}{more}")
+            print(f"Reproduced the pitfall -> {record.category.__name__}: {key_line(str(record.message))}")
             return
     seen = [f"{r.category.__name__}: {r.message}" for r in records] or ["no warning at all"]
     raise AssertionError(f"expected a {category.__name__} matching {match!r}; saw: " + "; ".join(seen))

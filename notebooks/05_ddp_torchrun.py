@@ -155,7 +155,9 @@ again = launch_torchrun("course_utils.ddp_train", nproc, "--log-dir", runs / "ag
 assert [log["augmentation_draws"] for log in again.logs] == [log["augmentation_draws"] for log in good.logs]
 if good.logs[0]["backend"] == "gloo":
     assert again.logs[0]["weights_fingerprint"] == good.logs[0]["weights_fingerprint"]
-print("second run: identical augmentation draws and final weights")
+    print("second run: identical augmentation draws and identical final weights")
+else:   # NCCL's all-reduce may sum in a different order from run to run: weights agree to rounding only
+    print("second run: identical augmentation draws (final weights not compared bit for bit under nccl)")
 
 # %% [markdown]
 # ## 6. Evaluation with `DistributedSampler` counts some samples twice

@@ -1,5 +1,10 @@
 """Chapter 4: atomic checkpoints, exact resume, RNG state, prefix stripping and partial loading."""
+import copy
+import os
 import random
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -8,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from course_utils.checkpoints import (CheckpointError, load_checkpoint, load_matching_state_dict,
-                                      save_checkpoint, saved_as_if_on)
+                                      remove_stale_partials, save_checkpoint, saved_as_if_on)
 from course_utils.interrupted_save import big_model, kill_while_saving
 from course_utils.models import mlp
 from course_utils.rng import capture_rng_state, restore_rng_state, seed_everything
@@ -167,6 +172,39 @@ def test_atomic_save_survives_sigkill_mid_write(tmp_path):
 
 
 @pytest.mark.slow
+def test_killed_writers_leave_no_litter_after_the_next_save(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, model=big_model(16, 1.0), version=1)
+    for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
+        assert kill_while_saving(path, atomic=True, megabytes=16, delay_s=delay) == -9
+        # each new writer removed its dead predecessors' files first: only its own can be left
+        assert len(list(tmp_path.glob(".ckpt.pt.*.partial"))) <= 1
+    save_checkpoint(path, model=big_model(16, 3.0), version=3)
+    assert list(tmp_path.glob(".ckpt.pt.*.partial")) == []
+    assert load_checkpoint(path, model=big_model(16, 0.0))["version"] == 3
+
+
+def test_only_dead_local_writers_files_are_removed(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    host = socket.gethostname()
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(finished.stdout)                     # a process that has exited
+    dead = tmp_path / f".ckpt.pt.{host}.{dead_pid}.k3j2h1g0.partial"
+    live = tmp_path / f".ckpt.pt.{host}.{os.getpid()}.a1b2c3d4.partial"        # a writer still running: us
+    remote = tmp_path / f".ckpt.pt.other.host.example.{dead_pid}.z9y8x7w6.partial"   # cannot check another host
+    foreign = tmp_path / ".ckpt.pt.tmpabcd.partial"                               # someone else's naming
+    for file in (dead, live, remote, foreign):
+        file.write_bytes(b"half a checkpoint")
+    save_checkpoint(path, model=nn.Linear(2, 2))
+    assert not dead.exists() and live.exists() and remote.exists() and foreign.exists()
+    dead.write_bytes(b"half a checkpoint")
+    assert remove_stale_partials(path) == [dead] and not dead.exists()
+    dead.write_bytes(b"half a checkpoint")
+    load_checkpoint(path, model=nn.Linear(2, 2))        # loading tidies up too
+    assert not dead.exists()
+
+
+@pytest.mark.slow
 def test_plain_torch_save_killed_mid_write_is_corrupt(tmp_path):
     path = tmp_path / "plain.pt"
     torch.save(big_model(64, 1.0).state_dict(), path)
@@ -186,7 +224,7 @@ class Net(nn.Module):
 
 def test_strips_dataparallel_prefix_and_skips_the_new_head():
     pretrained = Net(10)
-    wrapped = nn.DataParallel(pretrained)
+    wrapped = nn.DataParallel(copy.deepcopy(pretrained))     # with one GPU it moves what it wraps to cuda:0
     new = Net(5)
     head_before = new.head.weight.detach().clone()
     report = load_matching_state_dict(new, wrapped.state_dict())

@@ -119,3 +119,16 @@ def test_export_restores_training_mode_and_rejects_bad_examples(tmp_path):
         export_onnx(model, torch.randn(2, 16), tmp_path / "t.onnx")
     with pytest.raises(ValueError, match="inputs_list is empty"):
         verify_onnx(model, tmp_path / "m.onnx", [])
+
+
+def test_a_compiled_model_called_like_eager_does_not_recompile(model):
+    """try_compile's first call and the timed calls share one grad mode (inference_mode): one graph."""
+    from torch._dynamo.testing import CompileCounter
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = try_compile(model, torch.randn(3, 16), backend=counter)
+    x = torch.randn(3, 16)                     # made outside inference_mode, like the benchmark's inputs
+    with torch.inference_mode():
+        compiled(x)
+    assert compiled.compiled and counter.frame_count == 1
+    torch._dynamo.reset()
