@@ -1,10 +1,13 @@
 """Chapter 1: the manual regression, its pitfall, the exercises' checks, plots and the widget."""
+import contextlib
 import math
+import re
 
 import pytest
 import torch
 
-from course_utils import RegressionExplorer, check_grad_of_cube, check_sgd_update, fit_line
+from course_utils import (RegressionExplorer, check_fit_line_by_hand, check_grad_of_cube, check_line_parameters,
+                          check_sgd_update, check_two_branch_forward, fit_line)
 from course_utils import exercises
 from course_utils.plotting import plot_line_fit, plot_losses
 
@@ -56,23 +59,167 @@ def test_fit_line_rejects_bad_shapes():
         fit_line(torch.ones(5), torch.ones(5))
 
 
-def test_checks_accept_the_reference_and_reject_wrong_answers(monkeypatch, capsys):
-    monkeypatch.setenv(exercises.SOLUTIONS_ENV, "0")
-    assert check_grad_of_cube(exercises.reference("grad_of_cube"))
-    assert not check_grad_of_cube(lambda x: 3.0 * x)  # wrong derivative
+# --- exercises: each reference passes its check; each planted bug alone is rejected ----------
+
+def _reference(name):
+    return exercises.reference(name)
+
+
+def _observed(verdict) -> str:
+    """The verdict's first line: what the check observed, without the hints of later attempts."""
+    return str(verdict).splitlines()[0]
+
+
+def test_grad_of_cube(learner):
+    assert check_grad_of_cube(_reference("grad_of_cube"))
     assert "not attempted" in str(check_grad_of_cube(lambda x: None))
-    assert check_sgd_update(exercises.reference("sgd_update"))
+    wrong = check_grad_of_cube(lambda x: 3.0 * x)
+    assert not wrong and "at x = 2.0 your function returned 6.0" in str(wrong)
+
+    def returns_the_tensor(x):
+        t = torch.tensor(x, requires_grad=True)
+        (t ** 3).backward()
+        return t.grad
+    assert "not a Python float" in str(check_grad_of_cube(returns_the_tensor))
+
+    def raises(x):
+        return torch.tensor(x).grad.item()
+    assert "raised AttributeError" in str(check_grad_of_cube(raises))
+
+
+def test_sgd_update(learner):
+    assert check_sgd_update(_reference("sgd_update"))
+
+    def set_to_none(params, lr):                  # what optimizer.zero_grad() does by default
+        with torch.no_grad():
+            for p in params:
+                p -= lr * p.grad
+        for p in params:
+            p.grad = None
+    assert check_sgd_update(set_to_none)
 
     def rebinds_instead_of_updating(params, lr):
         for p in params:
             p = p - lr * p.grad  # noqa: F841  (the classic mistake: the leaf is untouched)
-    assert not check_sgd_update(rebinds_instead_of_updating)
+    verdict = check_sgd_update(rebinds_instead_of_updating)
+    assert not verdict and "not attempted" not in str(verdict) and "w is [1.0, -2.0]" in str(verdict)
 
     def forgets_zero(params, lr):
         with torch.no_grad():
             for p in params:
                 p -= lr * p.grad
-    assert not check_sgd_update(forgets_zero)
+    assert "w.grad is still [2.0, -4.0]" in str(check_sgd_update(forgets_zero))
+
+    def only_the_first(params, lr):
+        _reference("sgd_update")(params[:1], lr)
+    assert "b is [0.5], expected [-0.25]" in str(check_sgd_update(only_the_first))
+
+    def outside_no_grad(params, lr):
+        for p in params:
+            p -= lr * p.grad
+    assert "raised RuntimeError: a leaf Variable" in str(check_sgd_update(outside_no_grad))
+
+
+def _fit_line_by_hand(*, no_grad: bool, zero_grad: bool):
+    """The exercise's loop with each planted bug switchable: update outside no_grad, no grad.zero_()."""
+    def fit(x, y, lr, steps):
+        w = torch.zeros(1, requires_grad=True)
+        b = torch.zeros(1, requires_grad=True)
+        losses = []
+        for _ in range(steps):
+            loss = ((w * x + b - y) ** 2).mean()
+            loss.backward()
+            with torch.no_grad() if no_grad else contextlib.nullcontext():
+                w -= lr * w.grad
+                b -= lr * b.grad
+            if zero_grad:
+                w.grad.zero_()
+                b.grad.zero_()
+            losses.append(loss.item())
+        return w.item(), b.item(), losses
+    return fit
+
+
+def test_fit_line_by_hand(learner):
+    assert check_fit_line_by_hand(_reference("fit_line_by_hand"))
+    assert check_fit_line_by_hand(_fit_line_by_hand(no_grad=True, zero_grad=True))
+    outside = check_fit_line_by_hand(_fit_line_by_hand(no_grad=False, zero_grad=True))
+    assert not outside and "leaf Variable that requires grad is being used in an in-place" in str(outside)
+    no_zero = check_fit_line_by_hand(_fit_line_by_hand(no_grad=True, zero_grad=False))
+    assert not no_zero and re.search(r"loss rose on \d{2,} of 299 steps", str(no_zero))
+
+    def logs_tensors(x, y, lr, steps):
+        w, b, losses = _reference("fit_line_by_hand")(x, y, lr, steps)
+        return w, b, [torch.tensor(loss) for loss in losses]
+    assert "tensors" in str(check_fit_line_by_hand(logs_tensors))
+    assert "expected (w, b, losses)" in str(check_fit_line_by_hand(lambda x, y, lr, steps: None))
+
+
+def _line_parameters(*, scale_after: bool, convert_after: bool):
+    """The exercise's parameters with each planted bug switchable: `* 0.01` and `.to(dtype)` after requires_grad."""
+    def make(n_features, dtype):
+        if scale_after:
+            weight = torch.randn(n_features, 1, dtype=dtype, requires_grad=True) * 0.01
+        else:
+            weight = (torch.randn(n_features, 1, dtype=dtype) * 0.01).requires_grad_()
+        if convert_after:
+            bias = torch.zeros(1, requires_grad=True).to(dtype)
+        else:
+            bias = torch.zeros(1, dtype=dtype, requires_grad=True)
+        return weight, bias
+    return make
+
+
+def test_line_parameters(learner):
+    assert check_line_parameters(_reference("line_parameters"))
+    assert check_line_parameters(_line_parameters(scale_after=False, convert_after=False))
+    scaled = _observed(check_line_parameters(_line_parameters(scale_after=True, convert_after=False)))
+    assert "weight is not a leaf (its grad_fn is MulBackward0)" in scaled and "bias" not in scaled
+    converted = _observed(check_line_parameters(_line_parameters(scale_after=False, convert_after=True)))
+    assert "bias is not a leaf (its grad_fn is ToCopyBackward0)" in converted and "weight" not in converted
+
+    def drops_the_scale(n_features, dtype):
+        return torch.randn(n_features, 1, dtype=dtype, requires_grad=True), torch.zeros(1, dtype=dtype,
+                                                                                         requires_grad=True)
+    assert "std" in str(check_line_parameters(drops_the_scale))
+
+    def bias_untracked(n_features, dtype):
+        weight, _ = _reference("line_parameters")(n_features, dtype)
+        return weight, torch.zeros(1, dtype=dtype)
+    assert "autograd never tracked bias" in str(check_line_parameters(bias_untracked))
+
+    def float32(n_features, dtype):
+        return _reference("line_parameters")(n_features, torch.float32)
+    assert "torch.float32" in str(check_line_parameters(float32))
+
+
+def test_two_branch_forward(learner):
+    assert check_two_branch_forward(_reference("two_branch_forward"))
+
+    def broadcast_bug(x, W1, W2):                 # the planted bug: (N, 8) / (N,)
+        h = x @ W1
+        if x.mean() > 0:
+            return h @ W2
+        return (h / h.abs().amax(dim=1)) @ W2
+    verdict = _observed(check_two_branch_forward(broadcast_bug))
+    assert "5 rows with a negative mean: your function raised RuntimeError" in verdict
+    assert "8 rows with a negative mean: right shape (8, 2), but the values differ" in verdict
+    assert "positive" not in verdict
+
+    def wrong_axis(x, W1, W2):                     # runs for every N, wrong values on the negative branch only
+        h = x @ W1
+        if x.mean() > 0:
+            return h @ W2
+        return (h / h.abs().amax(dim=0, keepdim=True)) @ W2
+    verdict = _observed(check_two_branch_forward(wrong_axis))
+    assert "values differ" in verdict and "positive" not in verdict
+
+    def positive_branch_broken(x, W1, W2):
+        if x.mean() > 0:
+            return (x @ W1).T @ W2
+        return _reference("two_branch_forward")(x, W1, W2)
+    verdict = _observed(check_two_branch_forward(positive_branch_broken))
+    assert "positive mean" in verdict and "negative" not in verdict
 
 
 def test_plots_draw_one_line_per_history(line_data):
