@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+
+from course_utils.exercises import Verdict, reference_solution, report_check
 
 _DEVICE_KINDS = ("cpu", "cuda", "mps")
 
@@ -98,3 +102,71 @@ def check_devices(model: nn.Module, *tensors_or_batches: Any) -> None:
             f"the model is on {device}, but these tensors are not:\n" + "\n".join(wrong) +
             f"\nFix: move the model once with model.to(device) and every batch with "
             f"to_device(batch, device) before the forward pass (device = {device}).")
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[int]:
+    """Run the block with `n` intra-op CPU threads (`torch.set_num_threads`), restoring the previous
+    count on exit, even on error. Yields the previous count.
+
+    Tiny models (a few thousand values per op) gain nothing from several threads, and on a busy
+    laptop they lose a lot: each op waits at a barrier for a thread whose core is taken.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield previous
+    finally:
+        torch.set_num_threads(previous)
+
+
+# --- exercise: a batch and a tensor left behind on the CPU --------------------------------------
+
+@reference_solution("mean_kept_output", chapter=3)
+def _mean_kept_output(model: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    model.to(device)
+    batch = to_device(batch, device)
+    outputs = model(batch["x"]).squeeze(1)
+    weights = torch.zeros(len(outputs), device=device)
+    weights[batch["keep"]] = 1.0
+    return (outputs * weights).sum() / weights.sum()
+
+
+def _kept_output_problem() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A seeded 3 -> 8 -> 1 MLP on the CPU and a batch of 6 rows, 4 of them kept."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        model = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1))
+        batch = {"x": torch.randn(6, 3), "keep": torch.tensor([True, False, True, True, False, True])}
+    return model, batch
+
+
+def check_mean_kept_output(fn: Callable) -> Verdict:
+    """Exercise: `fn(model, batch, device)` moves the model and the batch to `device` and returns the mean
+    model output over the kept rows as a 0-dim tensor on `device`. Run on the CPU (the value) and on
+    another device: CUDA when there is one, else `meta` (where every tensor must follow too)."""
+    name = "mean_kept_output"
+    other = torch.device("cuda" if torch.cuda.is_available() else "meta")
+    hints = ["read the error: which tensor is on which device? print .device of the model's parameters, "
+             "of every tensor in the batch, and of what you create",
+             "moving a module changes it in place; moving a tensor does not",
+             "a tensor created inside the function lands on the default device unless told otherwise"]
+    model, batch = _kept_output_problem()
+    expected = _mean_kept_output(*_kept_output_problem(), torch.device("cpu"))
+    try:
+        on_cpu = fn(model, dict(batch), torch.device("cpu"))
+        if on_cpu is None:
+            return report_check(name, False, None, hints)
+        on_other = fn(*_kept_output_problem(), other)
+    except Exception as error:
+        where = f"on device {other}" if "on_cpu" in locals() else "on the CPU"
+        return report_check(name, False, f"{where} your function raised {type(error).__name__}: {error}", hints)
+    problems = []
+    if not (isinstance(on_cpu, torch.Tensor) and on_cpu.shape == () and torch.allclose(on_cpu, expected)):
+        problems.append(f"on the CPU it returned {on_cpu!r}, expected {expected!r}")
+    if not (isinstance(on_other, torch.Tensor) and on_other.device.type == other.type and on_other.shape == ()):
+        where = on_other.device if isinstance(on_other, torch.Tensor) else type(on_other).__name__
+        problems.append(f"asked for device {other}, the result is on {where}")
+    return report_check(name, not problems, "; ".join(problems) or None, hints)

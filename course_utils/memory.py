@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from course_utils._display import ReadableResult, format_bytes
+from course_utils.devices import torch_threads
+from course_utils.exercises import Verdict, reference_solution, report_check
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
@@ -348,3 +351,94 @@ def cuda_memory_cap(fraction: float, device: int | str | torch.device = 0) -> It
         torch.cuda.set_per_process_memory_fraction(1.0, device)
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def _address_space_bytes() -> int:
+    """This process's virtual address space now (VmSize), in bytes (Linux)."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmSize:"))
+    return int(line.split()[1]) * 1024
+
+
+@contextmanager
+def cpu_memory_cap(headroom_bytes: int) -> Iterator[int]:
+    """Cap this process's address space at its current size plus `headroom_bytes` (Linux,
+    `RLIMIT_AS`), so a larger allocation fails for real — PyTorch's CPU allocator raises
+    `RuntimeError: ... DefaultCPUAllocator: can't allocate memory` — without touching the
+    machine's RAM. The previous limit is restored on exit. Yields the cap in bytes.
+    """
+    if not sys.platform.startswith("linux"):
+        raise RuntimeError("cpu_memory_cap needs Linux (RLIMIT_AS is not enforced elsewhere); use a budget_bytes")
+    if headroom_bytes <= 0:
+        raise ValueError(f"headroom_bytes must be positive, got {headroom_bytes}")
+    import resource  # POSIX only: imported here so the package imports on Windows
+    previous = resource.getrlimit(resource.RLIMIT_AS)
+    cap = _address_space_bytes() + headroom_bytes
+    if previous[1] != resource.RLIM_INFINITY:
+        cap = min(cap, previous[1])
+    resource.setrlimit(resource.RLIMIT_AS, (cap, previous[1]))
+    try:
+        yield cap
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, previous)
+
+
+# --- exercise: a validation loop that keeps every batch's graph --------------------------------
+
+@reference_solution("validation_losses", chapter=3)
+def _validation_losses(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], float]:
+    losses = []
+    with torch.no_grad():
+        for inputs, targets in batches:
+            losses.append(torch.nn.functional.mse_loss(model(inputs), targets).item())
+    return losses, sum(losses) / len(losses)
+
+
+def _validation_problem(n_batches: int) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A seeded 32 -> 256 -> 256 -> 1 MLP and `n_batches` batches of 64 samples."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+    batches = [(torch.randn(64, 32, generator=generator), torch.randn(64, 1, generator=generator))
+               for _ in range(n_batches)]
+    return model, batches
+
+
+def check_validation_losses(fn: Callable) -> Verdict:
+    """Exercise: `fn(model, batches)` returns (the loss of each batch as a float, their mean as a float)
+    without keeping anything alive between batches: its peak memory (measured on CPU) must not grow
+    with the number of batches."""
+    name = "validation_losses"
+    hints = ["a loss tensor remembers how it was computed: everything autograd saved for its backward "
+             "stays alive as long as the tensor does",
+             "keep Python numbers, not tensors, and ask yourself whether this loop needs autograd at all"]
+    try:
+        peaks = {}
+        for n in (2, 6):
+            model, batches = _validation_problem(n)
+            with torch_threads(1):      # small ops: a second thread only costs time on a busy machine
+                report = measure_peak_memory(fn, model, batches, device="cpu")
+            peaks[n] = report.peak_bytes
+        returned = report.result
+    except Exception as error:  # the learner's code: report it, never crash
+        return report_check(name, False, f"your function raised {type(error).__name__}: {error}", hints)
+    if returned is None:
+        return report_check(name, False, None, hints)
+    expected_losses, expected_mean = _validation_losses(*_validation_problem(6))
+    growth = (peaks[6] - peaks[2]) / 4
+    problems = []
+    if growth > 1024:
+        problems.append(f"memory grows by {format_bytes(growth)} per batch (peak {format_bytes(peaks[2])} "
+                        f"for 2 batches, {format_bytes(peaks[6])} for 6): something keeps each batch alive")
+    losses, mean = returned if isinstance(returned, tuple) and len(returned) == 2 else (returned, None)
+    if not (isinstance(losses, list) and all(type(x) is float for x in losses)):
+        kinds = sorted({type(x).__name__ for x in losses}) if isinstance(losses, list) else [type(losses).__name__]
+        problems.append(f"the losses should be a list of Python floats; got {', '.join(kinds)}")
+    elif len(losses) != 6 or max(abs(a - b) for a, b in zip(losses, expected_losses)) > 1e-5:
+        problems.append(f"the losses {[round(x, 4) for x in losses]} are not the 6 batches' MSE losses")
+    if type(mean) is not float:
+        problems.append(f"the mean should be a Python float; got {type(mean).__name__}")
+    elif abs(mean - expected_mean) > 1e-5:
+        problems.append(f"the mean {mean:.4f} is not the mean of the batch losses")
+    return report_check(name, not problems, "; ".join(problems) or None, hints)

@@ -3,7 +3,9 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.devices import DeviceMismatchError, check_devices, named_tensors
+from course_utils.devices import (DeviceMismatchError, check_devices, check_mean_kept_output, named_tensors,
+                                  torch_threads)
+from course_utils.exercises import reference
 from course_utils.models import mlp
 
 
@@ -35,3 +37,51 @@ def test_check_devices_bad_arguments():
         check_devices("model")
     with pytest.raises(ValueError, match="no parameters or buffers"):
         check_devices(nn.ReLU(), torch.ones(1))
+
+
+def test_torch_threads_sets_and_restores_even_on_error():
+    before = torch.get_num_threads()
+    with torch_threads(1) as previous:
+        assert torch.get_num_threads() == 1 and previous == before
+    assert torch.get_num_threads() == before
+    with pytest.raises(KeyError):
+        with torch_threads(1):
+            raise KeyError("boom")
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match=">= 1"):
+        with torch_threads(0):
+            pass
+
+
+# --- exercise: mean_kept_output ------------------------------------------------------------
+
+def _mean_kept_output_with(store_moved_batch, weights_on_device):
+    """The shipped function with each planted bug fixed or left."""
+    def fn(model, batch, device):
+        model.to(device)
+        for key in batch:
+            if store_moved_batch:
+                batch[key] = batch[key].to(device)
+            else:
+                batch[key].to(device)
+        outputs = model(batch["x"]).squeeze(1)
+        weights = torch.zeros(len(outputs), device=device if weights_on_device else None)
+        weights[batch["keep"]] = 1.0
+        return (outputs * weights).sum() / weights.sum()
+    return fn
+
+
+def test_mean_kept_output_reference_passes_and_each_planted_bug_is_rejected(learner):
+    assert check_mean_kept_output(reference("mean_kept_output"))
+    assert check_mean_kept_output(_mean_kept_output_with(True, True))
+    other = "cuda" if torch.cuda.is_available() else "meta"
+    batch_left = check_mean_kept_output(_mean_kept_output_with(False, True))
+    assert not batch_left and f"on device {other} your function raised" in str(batch_left)
+    weights_left = check_mean_kept_output(_mean_kept_output_with(True, False))
+    assert not weights_left and f"on device {other} your function raised" in str(weights_left)
+    assert "not attempted" in str(check_mean_kept_output(lambda model, batch, device: None))
+
+
+def test_mean_kept_output_rejects_a_result_left_on_the_cpu(learner):
+    verdict = check_mean_kept_output(lambda model, batch, device: reference("mean_kept_output")(model, batch, "cpu"))
+    assert not verdict and "the result is on cpu" in str(verdict)

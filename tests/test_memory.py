@@ -1,10 +1,15 @@
 """Chapter 3: saved activations, the training-memory estimate, the peak measurement, batch search."""
+import sys
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from course_utils.memory import (check_memory_estimate, estimate_training_memory, find_max_batch_size,
-                                 measure_peak_memory, saved_activation_bytes)
+from course_utils.exercises import reference
+from course_utils.memory import (check_memory_estimate, check_validation_losses, cpu_memory_cap,
+                                 estimate_training_memory, find_max_batch_size, measure_peak_memory,
+                                 saved_activation_bytes)
 from course_utils.models import SmallConvNet, mlp
 
 
@@ -208,3 +213,60 @@ def test_cuda_memory_cap_causes_a_real_oom_and_is_lifted():
             torch.empty(int(0.2 * total), dtype=torch.uint8, device="cuda")
     x = torch.empty(int(0.1 * total), dtype=torch.uint8, device="cuda")  # allowed again
     del x
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is enforced on Linux only")
+def test_cpu_memory_cap_causes_a_real_allocator_error_and_is_lifted():
+    import resource
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with cpu_memory_cap(256 * 2**20) as cap:
+        assert resource.getrlimit(resource.RLIMIT_AS)[0] == cap
+        with pytest.raises(RuntimeError, match="DefaultCPUAllocator: can't allocate memory"):
+            torch.empty(2**30)                       # 4 GiB > 256 MiB of headroom
+        torch.empty(2**20).fill_(1)                  # 4 MiB still fits
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    with pytest.raises(ValueError, match="positive"):
+        with cpu_memory_cap(0):
+            pass
+
+
+# --- exercise: validation_losses ------------------------------------------------------------
+
+def _keeps_every_loss_tensor(model, batches):          # planted bug 1 only
+    losses, total = [], 0.0
+    for inputs, targets in batches:
+        loss = F.mse_loss(model(inputs), targets)
+        losses.append(loss)
+        total += loss.item()
+    return losses, total / len(losses)
+
+
+def _running_sum_of_tensors(model, batches):           # planted bug 2 only
+    losses, total = [], 0.0
+    for inputs, targets in batches:
+        loss = F.mse_loss(model(inputs), targets)
+        losses.append(loss.item())
+        total += loss
+    return losses, total / len(losses)
+
+
+def _floats_under_grad(model, batches):                 # both fixed by .item(), no no_grad: accepted
+    losses = [F.mse_loss(model(inputs), targets).item() for inputs, targets in batches]
+    return losses, sum(losses) / len(losses)
+
+
+def test_validation_losses_reference_passes_and_each_planted_bug_is_rejected(learner):
+    assert check_validation_losses(reference("validation_losses"))
+    assert check_validation_losses(_floats_under_grad)
+    kept = check_validation_losses(_keeps_every_loss_tensor)
+    assert not kept and "memory grows by" in str(kept) and "Python floats; got Tensor" in str(kept)
+    summed = check_validation_losses(_running_sum_of_tensors)
+    assert not summed and "memory grows by" in str(summed) and "mean should be a Python float" in str(summed)
+
+
+def test_validation_losses_reports_not_attempted_and_exceptions(learner):
+    assert "not attempted" in str(check_validation_losses(lambda model, batches: None))
+
+    def broken(model, batches):
+        raise KeyError("oops")
+    assert "your function raised KeyError" in str(check_validation_losses(broken))
