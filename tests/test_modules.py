@@ -93,3 +93,58 @@ def test_snapshot_sees_unregistered_parameters_and_unchanged_compares():
     assert not unchanged(model, before, names=["layers"])
     with pytest.raises(ValueError, match="no parameter"):
         unchanged(model, before, names=["nope"])
+
+
+# --- exercise: the reference passes, every planted bug alone is rejected ---------------------
+
+from course_utils import exercises  # noqa: E402
+from course_utils.modules import check_build_normalised_mlp  # noqa: E402
+
+
+def _normalised_mlp(plain_list: bool, plain_tensors: bool):
+    """The exercise's model with either planted bug left in (or both, or neither)."""
+    class NormalisedMLP(nn.Module):
+        def __init__(self, sizes, mean, std):
+            super().__init__()
+            hidden = [nn.Linear(a, b) for a, b in zip(sizes[:-2], sizes[1:-1])]
+            self.hidden = hidden if plain_list else nn.ModuleList(hidden)
+            self.head = nn.Linear(sizes[-2], sizes[-1])
+            if plain_tensors:
+                self.mean, self.std = mean, std
+            else:
+                self.register_buffer("mean", mean)
+                self.register_buffer("std", std)
+
+        def forward(self, x):
+            x = (x - self.mean) / self.std
+            for layer in self.hidden:
+                x = torch.relu(layer(x))
+            return self.head(x)
+    return NormalisedMLP
+
+
+def test_normalised_mlp_check_accepts_the_reference_and_a_fixed_model(learner):
+    assert check_build_normalised_mlp(exercises.reference("build_normalised_mlp"))
+    assert check_build_normalised_mlp(_normalised_mlp(plain_list=False, plain_tensors=False))
+
+
+@pytest.mark.parametrize("plain_list, plain_tensors, symptoms", [
+    (True, False, ["parameters() holds 2 tensors", "did not change: hidden.0, hidden.1"]),
+    (False, True, ["`mean` and `std` are not in state_dict()"]),
+])
+def test_normalised_mlp_check_rejects_each_planted_bug(learner, plain_list, plain_tensors, symptoms):
+    verdict = check_build_normalised_mlp(_normalised_mlp(plain_list, plain_tensors))
+    assert not verdict and all(s in str(verdict) for s in symptoms)
+
+
+def test_normalised_mlp_check_rejects_trainable_statistics(learner):
+    class Trainable(nn.Module):
+        def __init__(self, sizes, mean, std):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+            self.mean, self.std = nn.Parameter(mean), nn.Parameter(std)
+
+        def forward(self, x):
+            return self.body((x - self.mean) / self.std)
+    verdict = check_build_normalised_mlp(Trainable)
+    assert not verdict and "`mean` is in parameters()" in str(verdict)

@@ -116,3 +116,133 @@ def test_fit_lowers_the_loss_and_records_history(problem):
     assert sched.last_epoch == 30
     with pytest.raises(ValueError, match="epochs"):
         fit(model, loader, loss_fn, opt, epochs=0)
+
+
+# --- exercises: the reference passes, every planted bug alone is rejected --------------------
+
+from course_utils import exercises  # noqa: E402
+from course_utils.training import check_accumulate_step, check_predict_batches, check_train_loop  # noqa: E402
+
+
+def _loop_step_before_backward(model, loader, loss_fn, optimizer, epochs):   # planted bug 1 alone
+    losses = []
+    for _ in range(epochs):
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(inputs), targets)
+            optimizer.step()
+            loss.backward()
+            losses.append(loss.item())
+    return losses
+
+
+def _loop_without_zero_grad(model, loader, loss_fn, optimizer, epochs):      # planted bug 2 alone
+    losses = []
+    for _ in range(epochs):
+        for inputs, targets in loader:
+            loss = loss_fn(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+def _loop_returning_tensors(model, loader, loss_fn, optimizer, epochs):
+    losses = []
+    for _ in range(epochs):
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss)
+    return losses
+
+
+def test_train_loop_check_accepts_the_reference(learner):
+    assert check_train_loop(exercises.reference("train_loop"))
+
+
+@pytest.mark.parametrize("variant, symptom", [(_loop_step_before_backward, "no weight changed"),
+                                              (_loop_without_zero_grad, "a correct loop reaches"),
+                                              (_loop_returning_tensors, "Python floats")])
+def test_train_loop_check_rejects_each_planted_bug(learner, variant, symptom):
+    verdict = check_train_loop(variant)
+    assert not verdict and symptom in str(verdict)
+
+
+def test_train_loop_check_reports_an_exception(learner):
+    def raises(model, loader, loss_fn, optimizer, epochs):
+        raise KeyError("oops")
+    verdict = check_train_loop(raises)
+    assert not verdict and "raised KeyError" in str(verdict)
+
+
+def _accumulate_undivided(model, micro_batches, loss_fn, optimizer):        # planted bug 1 alone
+    optimizer.zero_grad()
+    for inputs, targets in micro_batches:
+        loss_fn(model(inputs), targets).backward()
+    optimizer.step()
+
+
+def _accumulate_stepping_every_micro_batch(model, micro_batches, loss_fn, optimizer):   # planted bug 2 alone
+    optimizer.zero_grad()
+    for inputs, targets in micro_batches:
+        (loss_fn(model(inputs), targets) / len(micro_batches)).backward()
+        optimizer.step()
+
+
+def test_accumulate_step_check_accepts_the_reference(learner):
+    assert check_accumulate_step(exercises.reference("accumulate_step"))
+
+
+@pytest.mark.parametrize("variant, symptom", [(_accumulate_undivided, "4.00x as large"),
+                                              (_accumulate_stepping_every_micro_batch, "ran 4 times")])
+def test_accumulate_step_check_rejects_each_planted_bug(learner, variant, symptom):
+    verdict = check_accumulate_step(variant)
+    assert not verdict and symptom in str(verdict)
+
+
+def _predict_without_eval(model, batches):                                   # planted bug 1 alone
+    with torch.no_grad():
+        return torch.cat([model(inputs) for inputs in batches])
+
+
+def _predict_without_no_grad(model, batches):                                # planted bug 2 alone
+    model.eval()
+    return torch.cat([model(inputs) for inputs in batches])
+
+
+def test_predict_batches_check_accepts_the_reference_and_no_grad(learner):
+    assert check_predict_batches(exercises.reference("predict_batches"))
+
+    def with_no_grad(model, batches):
+        model.eval()
+        with torch.no_grad():
+            return torch.cat([model(inputs) for inputs in batches])
+    assert check_predict_batches(with_no_grad)
+
+
+@pytest.mark.parametrize("variant, symptoms", [(_predict_without_eval, ["different outputs", "running_mean"]),
+                                               (_predict_without_no_grad, ["require grad"])])
+def test_predict_batches_check_rejects_each_planted_bug(learner, variant, symptoms):
+    verdict = check_predict_batches(variant)
+    assert not verdict and all(s in str(verdict) for s in symptoms)
+
+
+@pytest.mark.parametrize("check, wrong", [
+    (check_train_loop, lambda model, loader, loss_fn, optimizer, epochs: None),
+    (check_accumulate_step, lambda model, micro_batches, loss_fn, optimizer: None),
+    (check_predict_batches, lambda model, batches: [model(x) for x in batches]),
+    (check_predict_batches, lambda model, batches: 1 / 0),
+])
+def test_checks_report_what_they_saw_and_never_crash(learner, check, wrong):
+    verdict = check(wrong)
+    assert not verdict and "(attempt 1)" in str(verdict)
+
+
+def test_a_long_error_is_cut_to_one_short_line(learner):
+    def raises(model, loader, loss_fn, optimizer, epochs):
+        raise RuntimeError("word " * 100 + "\nsecond line")
+    message = str(check_train_loop(raises)).splitlines()[0]
+    assert message.endswith("…") and "second line" not in message and len(message) < 200
