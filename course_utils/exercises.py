@@ -98,15 +98,15 @@ def report_check(name: str, passed: bool, observed: str | None, hints: Sequence[
         return Verdict(name, True, f"✓ {name}: correct — solved.", attempt)
     if solutions_in_place():
         raise AssertionError(f"the reference solution of {name} fails its own check: {observed}")
+    if observed is None:                     # still `...`: not an attempt, no hint
+        return Verdict(name, False, f"· {name}: not attempted yet — replace the `...` with your code and run "
+                                    "the cell again.", 0)
     attempt = _record(name, solved=False)
-    if observed is None:
-        message = f"· {name}: not attempted yet — replace the `...` with your code and run the cell again."
-    else:
-        message = f"✗ {name} (attempt {attempt}): {observed}"
+    message = f"✗ {name} (attempt {attempt}): {observed}"
     shown = hints[:max(0, attempt - 1)]
     if shown:
         message += "\n  " + "\n  ".join(f"hint {i}: {hint}" for i, hint in enumerate(shown, 1))
-    elif hints and observed is not None:
+    elif hints:
         message += "\n  (run the cell again after a change; each further attempt adds a hint)"
     return Verdict(name, False, message, attempt)
 
@@ -172,12 +172,14 @@ class Progress(ReadableResult):
         return "\n".join(lines)
 
 
-def progress() -> Progress:
-    """Which exercises of which chapter you have solved, read from the progress file."""
+def progress(chapter: int | None = None) -> Progress:
+    """Which exercises of which chapter (default: every chapter) you have solved, from the progress file."""
     import course_utils  # noqa: F401  (importing the package registers every chapter's exercises)
     data = _load()
     chapters: dict[int, list[tuple[str, int, bool]]] = {}
     for name, registered in _REFERENCES.items():
+        if chapter is not None and registered.chapter != chapter:
+            continue
         entry = data.get(name, {})
         chapters.setdefault(registered.chapter, []).append(
             (name, int(entry.get("attempts", 0)), bool(entry.get("solved", False))))

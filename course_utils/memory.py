@@ -17,6 +17,8 @@ from torch.utils._pytree import tree_flatten
 from course_utils._display import ReadableResult, format_bytes
 from course_utils.devices import torch_threads
 from course_utils.exercises import Verdict, reference_solution, report_check
+from course_utils.memory_simulation import OPTIMIZERS as _OPTIMIZERS
+from course_utils.memory_simulation import SimulatedStep, simulate_training_step
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
@@ -57,33 +59,53 @@ _OPTIMIZER_STATE = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
 
 @dataclass
 class MemoryEstimate(ReadableResult):
-    """Bytes a training step needs, by kind. `total` is their sum."""
+    """Bytes a training step needs: the parts by kind (`total` is their sum) and, simulated, the
+    peak of a real first step and who holds what at that moment (`simulated`)."""
 
     parameters: int
     gradients: int
     optimizer_state: int
     activations: int
+    simulated: SimulatedStep | None = field(default=None, repr=False)
 
     @property
     def total(self) -> int:
         return self.parameters + self.gradients + self.optimizer_state + self.activations
 
+    @property
+    def peak_bytes(self) -> int:
+        """Predicted `measure_peak_memory(step).peak_bytes` of a first step, model/optimizer/batch made before."""
+        return self.simulated.peak_bytes
+
+    @property
+    def by_module(self) -> dict[str, dict[str, int]]:
+        """Per submodule, the bytes it holds at the peak (activations, gradients, optimizer state)."""
+        return self.simulated.by_module
+
     def __str__(self) -> str:
         rows = [("parameters", self.parameters), ("gradients", self.gradients),
                 ("optimizer state", self.optimizer_state), ("activations (saved for backward)", self.activations),
-                ("total", self.total)]
-        return "\n".join(f"{name:<34}{format_bytes(n):>12}" for name, n in rows)
+                ("sum of the parts", self.total)]
+        lines = [f"{name:<36}{format_bytes(n):>12}" for name, n in rows]
+        if self.simulated is not None:
+            lines.append(f"{'simulated peak of a first step':<36}{format_bytes(self.peak_bytes):>12}"
+                         "   (above the parameters and the batch)")
+        return "\n".join(lines)
 
 
 def estimate_training_memory(model: nn.Module, example_input: torch.Tensor, *, optimizer: str = "adam",
-                             dtype: torch.dtype | None = None) -> MemoryEstimate:
+                             dtype: torch.dtype | None = None,
+                             loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> MemoryEstimate:
     """Estimate the memory of one training step of `model` on `example_input` (a batch, shape (N, ...)).
 
-    Parameters, gradients (for parameters that require grad) and optimizer state (`sgd`: none,
-    `sgd_momentum`: 1x, `adam`/`adamw`: 2x plus a step counter per tensor) are counted from the
-    parameters, in `dtype` if given. Activations are **measured**: one forward pass runs on the
-    `meta` device (no real memory, no real compute) while `saved_activation_bytes` counts what
-    autograd saves for backward (the input included, the parameters excluded). Linear in N.
+    The parts: parameters, gradients (for parameters that require grad) and optimizer state (`sgd`:
+    none, `sgd_momentum`: 1x, `adam`/`adamw`: 2x plus a step counter per tensor) counted from the
+    parameters, in `dtype` if given; activations **measured** by one forward pass on the `meta`
+    device while `saved_activation_bytes` counts what autograd saves for backward (input included,
+    parameters excluded). The peak is not the sum of the parts (working memory in backward and in
+    `step()`): `simulated` runs the whole first step on fake tensors (`simulate_training_step`,
+    loss `loss_fn(output)`, default the mean of the squared output) and predicts its peak.
+    Nothing is allocated either way; a `meta` batch of any size works.
     """
     if optimizer not in _OPTIMIZER_STATE:
         raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZER_STATE)}, got {optimizer!r}")
@@ -107,9 +129,10 @@ def estimate_training_memory(model: nn.Module, example_input: torch.Tensor, *, o
     try:
         activations, _ = saved_activation_bytes(torch.func.functional_call, model, {**params, **buffers},
                                                 (meta_like(example_input),), exclude=trainable)
+        simulated = simulate_training_step(model, example_input, optimizer=optimizer, loss_fn=loss_fn, dtype=dtype)
     finally:
         model.train(was_training)
-    return MemoryEstimate(param_bytes, grad_bytes, state_bytes, activations)
+    return MemoryEstimate(param_bytes, grad_bytes, state_bytes, activations, simulated)
 
 
 # --- measuring ---------------------------------------------------------------------------
@@ -268,46 +291,47 @@ def find_max_batch_size(make_step: Callable[[int], Any], *, start: int = 1, limi
 
 # --- checking the estimate against a measurement --------------------------------------------
 
-_OPTIMIZERS = {
-    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
-    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
-    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
-    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
-}
-
-
 @dataclass
 class EstimateCheck(ReadableResult):
-    """Per batch size: estimated bytes (gradients + optimizer state + activations) and the
-    measured peak of one real first training step above the memory held before it."""
+    """Per batch size: the sum-of-parts estimate (gradients + optimizer state + activations), the
+    simulated peak, and the measured peak of one real first step (which builds its batch) above
+    the memory held before it. Bytes."""
 
     model_name: str
     device: torch.device
-    rows: list[tuple[int, int, int]]  # (batch size, estimated, measured)
+    rows: list[tuple[int, int, int, int]]  # (batch size, sum of parts, simulated, measured)
 
     @property
     def ratios(self) -> list[float]:
-        """measured / estimated, per batch size."""
-        return [measured / estimated for _, estimated, measured in self.rows]
+        """measured / simulated, per batch size."""
+        return [measured / simulated for _, _, simulated, measured in self.rows]
+
+    @property
+    def parts_ratios(self) -> list[float]:
+        """measured / sum of parts, per batch size."""
+        return [measured / parts for _, parts, _, measured in self.rows]
 
     @property
     def worst_relative_error(self) -> float:
+        """Of the simulated peak against the measured one."""
         return max(abs(r - 1) for r in self.ratios)
 
     def __str__(self) -> str:
-        lines = [f"{self.model_name} on {self.device}: estimate vs measured peak of one training step",
-                 f"{'batch':>6} {'estimated':>12} {'measured':>12} {'measured/est':>13}"]
-        lines += [f"{n:>6} {format_bytes(e):>12} {format_bytes(m):>12} {m / e:>13.2f}" for n, e, m in self.rows]
+        lines = [f"{self.model_name} on {self.device}: predicted vs measured peak of one training step",
+                 f"{'batch':>6} {'sum of parts':>13} {'simulated':>11} {'measured':>11} {'meas/parts':>11} {'meas/sim':>9}"]
+        lines += [f"{n:>6} {format_bytes(p):>13} {format_bytes(s):>11} {format_bytes(m):>11} {m / p:>11.2f} {m / s:>9.3f}"
+                  for n, p, s, m in self.rows]
         return "\n".join(lines)
 
 
 def check_memory_estimate(model: nn.Module, input_shape: tuple[int, ...], batch_sizes: Iterable[int], *,
                           optimizer: str = "adam", model_name: str = "",
                           device: torch.device | str | None = None) -> EstimateCheck:
-    """Compare `estimate_training_memory` (on a meta batch) with `measure_peak_memory` of a real
-    first step (fresh optimizer, so its state is allocated inside the step; loss = mean of the
-    squared output) for inputs of shape (N, *input_shape). The parameters exist before the step
-    and are left out of both sides. `model` must already be on `device`."""
+    """Compare `estimate_training_memory` (on a meta batch: its sum of parts and its simulated peak)
+    with `measure_peak_memory` of a real first step (fresh optimizer, so its state is allocated
+    inside the step; the batch, of shape (N, *input_shape), is built inside it too; loss = mean of
+    the squared output). The parameters exist before the step and are left out of every column.
+    `model` must already be on `device`."""
     if optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZERS)}, got {optimizer!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -320,19 +344,19 @@ def check_memory_estimate(model: nn.Module, input_shape: tuple[int, ...], batch_
         torch.cuda.synchronize(device)
     rows = []
     for n in batch_sizes:
-        estimate = estimate_training_memory(model, torch.empty(n, *input_shape, device="meta"), optimizer=optimizer)
+        batch = torch.empty(n, *input_shape, device="meta")
+        estimate = estimate_training_memory(model, batch, optimizer=optimizer)
         model.zero_grad(set_to_none=True)
         opt = _OPTIMIZERS[optimizer](model.parameters())
 
         def step() -> None:
-            batch = torch.randn(n, *input_shape, device=device)
-            model(batch).float().pow(2).mean().backward()
+            model(torch.randn(n, *input_shape, device=device)).float().pow(2).mean().backward()
             opt.step()
 
         measured = measure_peak_memory(step, device=device).peak_bytes
         model.zero_grad(set_to_none=True)
         del opt
-        rows.append((n, estimate.total - estimate.parameters, measured))
+        rows.append((n, estimate.total - estimate.parameters, estimate.peak_bytes + batch.nbytes, measured))
     return EstimateCheck(model_name or type(model).__name__, device, rows)
 
 

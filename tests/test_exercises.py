@@ -107,12 +107,23 @@ def test_hints_grow_one_per_attempt_and_solving_is_recorded(learner):
     row = dict((n, (a, s)) for n, a, s in progress().chapters[9])["demo_hints"]
     assert row == (5, True)
     assert "Chapter 9: 1/1" in str(progress())
+    assert list(progress(chapter=9).chapters) == [9] and progress(chapter=99).total == 0
 
 
 def test_a_verdict_displays_once_without_a_bool_echo(learner):
     verdict = report_check("demo_display", False, None, ["nudge"])
     assert repr(verdict) == str(verdict) and "not attempted" in repr(verdict)
     assert "False" not in repr(verdict)
+
+
+def test_an_untouched_exercise_is_not_an_attempt(learner):
+    exercises.reference_solution("demo_untouched", chapter=9)(lambda: None)
+    for _ in range(3):
+        verdict = report_check("demo_untouched", False, None, ["nudge one"])
+        assert "not attempted" in str(verdict) and "hint" not in str(verdict)
+    first_real = report_check("demo_untouched", False, "it returned 3", ["nudge one"])
+    assert first_real.attempt == 1 and "hint 1" not in str(first_real)
+    assert dict((n, a) for n, a, _ in progress().chapters[9])["demo_untouched"] == 1
 
 
 def test_an_unreadable_progress_file_starts_afresh(learner, tmp_path, monkeypatch):
