@@ -22,7 +22,8 @@ from course_utils.inference import (BenchmarkTable, CompiledModel, OnnxVerificat
 from course_utils.memory import (EstimateCheck, MemoryEstimate, MemoryReport, check_memory_estimate,
                                  check_validation_losses, cpu_memory_cap, cuda_memory_cap, estimate_training_memory,
                                  find_max_batch_size, measure_peak_memory, saved_activation_bytes)
-from course_utils.memory_simulation import SimulatedStep, SimulationError, simulate_training_step
+from course_utils.memory_simulation import (SimulatedStep, SimulationError, max_batch_size_by_simulation,
+                                            simulate_training_step)
 from course_utils.models import SmallConvNet, TransformerBlock, mlp
 from course_utils.modules import check_build_normalised_mlp, find_unregistered_modules, snapshot, unchanged
 from course_utils.numerics import (NonFinite, NonFiniteLocation, check_rms_normalise, check_sensor_dataset,

@@ -9,7 +9,7 @@ import socket
 import tempfile
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from course_utils import _checks
 from course_utils._display import ReadableResult
 from course_utils.rng import capture_rng_state, restore_rng_state
 
@@ -39,7 +40,8 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
     (`os.replace` is atomic), so a crash or a full disk at any moment leaves the previous
     checkpoint intact. Everything stored loads with `torch.load(..., weights_only=True)`.
     """
-    path = Path(path)
+    path = _checks.writable_file(path, "path")
+    _checks.module(model)
     try:
         json.dumps(meta)
     except TypeError as error:
@@ -113,15 +115,24 @@ def _fsync_directory(folder: Path) -> None:
 def _read(path: Path, map_location: Any) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}" + (" (it is a folder)" if path.exists() else ""))
+    with open(path, "rb") as file:
+        head = file.read(2)
+    if not head:
+        raise CheckpointError(f"{path} is truncated or corrupt (0 bytes): the write that produced it was "
+                              "probably interrupted before any data reached the disk")
+    if head[:2] != b"PK" and head[:1] != b"\x80":       # torch.save writes a zip archive (legacy: a pickle)
+        raise CheckpointError(f"{path} is not a file torch.save wrote (it starts with {head!r}, neither a zip "
+                              "archive nor a pickle): check the path")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         raise CheckpointError(f"{path} holds objects other than tensors and plain containers, which "
                               f"weights_only=True refuses to unpickle (only load such a file with "
                               f"weights_only=False if you trust its author):\n{error}") from error
-    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise CheckpointError(f"{path} is truncated or corrupt ({os.path.getsize(path)} bytes); "
-                              f"the write that produced it was probably interrupted: {error}") from error
+    except (RuntimeError, OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as error:
+        raise CheckpointError(f"{path} is truncated or corrupt ({os.path.getsize(path)} bytes), or not a file "
+                              f"torch.save wrote; if a save was interrupted, the write that produced it was: "
+                              f"{type(error).__name__}: {error}") from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint written by save_checkpoint "
                               f"(for a bare state_dict use model.load_state_dict(torch.load(...)))")
@@ -139,6 +150,7 @@ def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
     lacks a part that was asked for, or one whose weights do not fit the model.
     """
     path = Path(path)
+    _checks.module(model)
     remove_stale_partials(path)
     if map_location is None:
         first = next(iter(model.state_dict().values()), None)
@@ -198,6 +210,11 @@ def load_matching_state_dict(model: nn.Module, state_dict: dict[str, torch.Tenso
     `consume_prefix_in_state_dict_if_present`. Raises `ValueError` showing keys from both sides
     if nothing matches, so a mismatch never passes silently.
     """
+    _checks.module(model)
+    if not isinstance(state_dict, Mapping):
+        hint = " — pass its .state_dict()" if isinstance(state_dict, nn.Module) else ""
+        raise TypeError(f"state_dict must be a dict of tensors (model.state_dict(), or what torch.load returned), "
+                        f"got a {type(state_dict).__name__}{hint}")
     state = OrderedDict(state_dict)
     if hasattr(state_dict, "_metadata"):
         state._metadata = state_dict._metadata.copy()  # type: ignore[attr-defined]
@@ -233,6 +250,7 @@ def saved_as_if_on(location: str) -> Iterator[None]:
     """Inside this block, `torch.save` tags every CPU storage with `location` (e.g. "cuda:0"),
     so the file loads exactly like one written on that device. For teaching and tests of
     `map_location` on machines without that device; uses torch.serialization.register_package."""
+    _checks.device(location, "location")
     _RELABEL["location"] = location
     try:
         yield

@@ -24,13 +24,14 @@ from torch.utils.data.distributed import DistributedSampler
 
 from course_utils import cuda_evidence
 from course_utils.checkpoints import load_checkpoint, save_checkpoint
-from course_utils.distributed import global_batch_size, is_main_process, seed_for_rank, shard_indices
+from course_utils.distributed import LOG_DIR_ENV, global_batch_size, is_main_process, seed_for_rank, shard_indices
 from course_utils.models import mlp
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--log-dir", required=True, type=Path)
+    parser.add_argument("--log-dir", type=Path, default=os.environ.get(LOG_DIR_ENV),
+                        help=f"where each rank writes its log (default: ${LOG_DIR_ENV}, set by launch_torchrun)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--per-device-batch", type=int, default=8)
     parser.add_argument("--train-size", type=int, default=50, help="deliberately not a multiple of the world size")
@@ -77,6 +78,8 @@ def evaluate_distributed(model: nn.Module, dataset: TensorDataset, indices, devi
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.log_dir is None:
+        raise SystemExit("give --log-dir, or launch through launch_torchrun(..., log_dir=...) which sets $COURSE_LOG_DIR")
     if "RANK" not in os.environ:
         raise SystemExit("run me under torchrun: torchrun --standalone --nproc-per-node=2 -m course_utils.ddp_train ...")
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])

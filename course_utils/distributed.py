@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import queue
@@ -18,6 +19,8 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from course_utils._display import ReadableResult
+
+LOG_DIR_ENV = "COURSE_LOG_DIR"   # where launch_torchrun tells its workers to write their logs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,11 +66,15 @@ def shard_indices(n: int, rank: int, world_size: int) -> range:
     sample exactly once; shards may differ in length by one, and be empty when n < world_size."""
     if not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    if n < 0:
+        raise ValueError(f"n (the number of samples) must be >= 0, got {n}")
     return range(rank, n, world_size)
 
 
 def worker_pids(log_dir: str | Path) -> list[int]:
     """PIDs of the workers of a `course_utils.ddp_train` run (each writes `pid{RANK}` at start)."""
+    if not Path(log_dir).is_dir():
+        raise FileNotFoundError(f"no log folder at {Path(log_dir).resolve()}: pass the log_dir the run used")
     return [int(path.read_text()) for path in sorted(Path(log_dir).glob("pid*"))]
 
 
@@ -135,15 +142,28 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
     `--standalone` lets torchrun pick a free port itself. Output is streamed line by line (into
     the notebook cell when `echo`). On timeout the whole process group — torchrun and every
     worker — gets SIGTERM, then SIGKILL, and `TimeoutError` is raised: nothing is left behind.
-    Per-rank logs (`rank*.json` in `log_dir`) are parsed into `result.logs`, ordered by rank.
-    With `check`, a non-zero exit raises `TorchrunFailed` quoting the first worker traceback.
+    `log_dir` is also handed to every worker as the environment variable `COURSE_LOG_DIR` (the
+    course's script uses it as its default `--log-dir`), so it is named once. Per-rank logs
+    (`rank*.json` in `log_dir`) are parsed into `result.logs`, ordered by rank. With `check`, a
+    non-zero exit raises `TorchrunFailed` quoting the first worker traceback. A script or module
+    that does not exist fails here, before any process starts.
     """
-    if nproc < 1:
-        raise ValueError(f"nproc must be >= 1, got {nproc}")
-    target = [module_or_script] if module_or_script.endswith(".py") else ["-m", module_or_script]
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a whole number >= 1, got {nproc!r}")
+    if module_or_script.endswith(".py"):
+        if not Path(module_or_script).is_file():
+            raise FileNotFoundError(f"no training script at {Path(module_or_script).resolve()}")
+        target = [module_or_script]
+    else:
+        if importlib.util.find_spec(module_or_script) is None:
+            raise ModuleNotFoundError(f"no module named {module_or_script!r} (a script needs its .py ending; a module "
+                                      "must be importable from here)")
+        target = ["-m", module_or_script]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                *target, *map(str, args)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if log_dir is not None:
+        env[LOG_DIR_ENV] = str(Path(log_dir).resolve())
     start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=env, start_new_session=True)  # its own process group, for clean kills

@@ -17,6 +17,8 @@ import torch
 from course_utils._display import ReadableResult
 
 FIX = "run `./course lab` (or `pip install -e .` in the course folder) to install the pinned set"
+# The torch releases CI runs the whole course on (`./course test` and `./course test --torch 2.14.1`).
+TESTED_TORCH = ("2.13.0", "2.14.1")
 # Packages the course needs, with the one-line fix printed when one is missing.
 REQUIRED = ("numpy", "matplotlib", "ipywidgets", "jupyterlab", "tqdm", "nbval",
             "onnx", "onnxscript", "onnxruntime")
@@ -140,7 +142,10 @@ def doctor() -> DoctorReport:
     if sys.version_info < (3, 10):
         problems.append("Python 3.10 or newer is needed; install it and re-run ./course lab")
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
-    rows.append(("torch", f"{torch.__version__} ({build})"))
+    rows.append(("torch", f"{torch.__version__} ({build}); the course is tested on {' and '.join(TESTED_TORCH)}"))
+    if torch.__version__.split("+")[0] not in TESTED_TORCH:
+        report.notes.append(f"torch {torch.__version__} is not one the course was tested on ({', '.join(TESTED_TORCH)}): "
+                            "errors and numbers may differ from the notebooks' (./course lab installs the pinned one)")
     rows.append(("cpu", f"{cpu_name()}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}"))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils import benchmark as torch_benchmark
 
+from course_utils import _checks
 from course_utils._display import ReadableResult
 from course_utils.environment import cpp_compiler, hardware_summary
 
@@ -77,6 +78,8 @@ def benchmark(fns: dict[str, Callable], *inputs: Any, min_run_time: float = 0.5)
     process uses — the Timer's own default is one thread, which would understate CPU speed.
     Speed-ups are relative to the first entry.
     """
+    if not isinstance(fns, dict):
+        raise TypeError(f"fns must be a dict of name -> callable, e.g. {{'eager': model}}, got a {type(fns).__name__}")
     if not fns:
         raise ValueError("fns is empty: pass {'name': callable, ...}")
     threads = torch.get_num_threads()
@@ -120,7 +123,7 @@ def choose_autocast(device: torch.device | str) -> PrecisionChoice:
     """bfloat16 on CPU and on GPUs with native bf16 (compute capability 8.0+, Ampere and newer);
     float16 with a GradScaler on older GPUs and on MPS. The capability is checked directly because
     `torch.cuda.is_bf16_supported()` can answer True for bf16 that is only emulated (slowly)."""
-    device = torch.device(device)
+    device = _checks.device(device)
     if device.type == "cpu":
         return PrecisionChoice("cpu", torch.bfloat16, False, "the CPU autocast dtype; float16 autocast on CPU is limited")
     if device.type == "cuda":
@@ -161,6 +164,7 @@ def try_compile(model: nn.Module, *example_inputs: Any, **compile_kwargs: Any) -
     result under inference_mode too: Dynamo guards on the grad mode, and another one compiles a
     second graph. If there is no C++ compiler for a CPU model, or compilation fails, fall back to
     the eager model and say why, instead of crashing (except on the GPU runner)."""
+    _checks.module(model)
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     if on_cpu and cpp_compiler() is None and os.environ.get("COURSE_REQUIRE_CUDA") != "1":
         return CompiledModel(model, False, 0.0, "no C++ compiler found, which torch.compile needs on CPU "
@@ -185,6 +189,9 @@ def count_compilations(model: nn.Module, inputs: Sequence[torch.Tensor], **compi
     is decided by Dynamo's guards, whatever the backend, so this is cheap and exact."""
     from torch._dynamo.testing import CompileCounter  # Dynamo's own counting backend
 
+    _checks.module(model)
+    if isinstance(inputs, torch.Tensor) or not all(isinstance(x, torch.Tensor) for x in inputs):
+        raise TypeError("inputs must be a list of tensors, one call each (e.g. [torch.randn(n, 256) for n in sizes])")
     torch._dynamo.reset()
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter, **compile_kwargs)
@@ -226,7 +233,8 @@ def export_onnx(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], path
     """
     import onnx
 
-    path = Path(path)
+    _checks.module(model)
+    path = _checks.writable_file(path, "path")
     if isinstance(example_inputs, torch.Tensor):
         raise TypeError("example_inputs must be a tuple of tensors, e.g. (x,)")
     if dynamic_batch and any(x.shape[0] == 1 for x in example_inputs):
@@ -251,6 +259,7 @@ def onnx_session(path: str | Path, *, threads: int | None = None):
     """An ONNX Runtime CPU session using as many threads as torch does (for fair comparisons)."""
     import onnxruntime as ort
 
+    path = _checks.existing_file(path, "path", "ONNX file (export one with export_onnx)")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or torch.get_num_threads()
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

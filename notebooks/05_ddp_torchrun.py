@@ -82,7 +82,7 @@ else:
 # and returns the per-rank logs.
 
 # %%
-good = launch_torchrun("course_utils.ddp_train", nproc, "--log-dir", runs / "good", "--epochs", "2",
+good = launch_torchrun("course_utils.ddp_train", nproc, "--epochs", "2",
                        log_dir=runs / "good", timeout_s=300)
 print(good)
 for log in good.logs:
@@ -102,7 +102,7 @@ assert len(set(fingerprints.values())) == 1        # identical: the gradients re
 # switched on at once (`--no-set-epoch --same-seed --all-ranks-save`).
 
 # %%
-bad = launch_torchrun("course_utils.ddp_train", nproc, "--log-dir", runs / "bad", "--epochs", "2",
+bad = launch_torchrun("course_utils.ddp_train", nproc, "--epochs", "2",
                       "--no-set-epoch", "--same-seed", "--all-ranks-save", log_dir=runs / "bad", timeout_s=300)
 rank0_bad, rank0_good = bad.logs[0], good.logs[0]
 print("without set_epoch, rank 0's first samples per epoch:", [order[:6] for order in rank0_bad["epoch_orders"]])
@@ -150,7 +150,7 @@ assert len({tuple(log["augmentation_draws"]) for log in good.logs}) == nproc
 # And it stays reproducible: the same command twice gives the same draws and the same final weights.
 
 # %%
-again = launch_torchrun("course_utils.ddp_train", nproc, "--log-dir", runs / "again", "--epochs", "2",
+again = launch_torchrun("course_utils.ddp_train", nproc, "--epochs", "2",
                         log_dir=runs / "again", timeout_s=300, echo=False)
 assert [log["augmentation_draws"] for log in again.logs] == [log["augmentation_draws"] for log in good.logs]
 if good.logs[0]["backend"] == "gloo":
@@ -200,7 +200,7 @@ for world in (1, 2, 4, 8):
 
 # %%
 with expect_error(TorchrunFailed, match="deliberate crash on rank 1"):
-    launch_torchrun("course_utils.ddp_train", 2, "--log-dir", runs / "crash", "--crash-rank", "1",
+    launch_torchrun("course_utils.ddp_train", 2, "--crash-rank", "1",
                     log_dir=runs / "crash", timeout_s=300, echo=False)
 leftover = still_running(worker_pids(runs / "crash"))
 print(f"{len(worker_pids(runs / 'crash'))} worker processes were started; still running: {leftover}")
@@ -212,7 +212,7 @@ assert leftover == []
 
 # %%
 if gpus == 1:
-    solo = launch_torchrun("course_utils.ddp_train", 1, "--log-dir", runs / "gpu", log_dir=runs / "gpu", timeout_s=300)
+    solo = launch_torchrun("course_utils.ddp_train", 1, log_dir=runs / "gpu", timeout_s=300)
     assert solo.logs[0]["backend"] == "nccl" and solo.logs[0]["device"].startswith("cuda")
 else:
     print(f"{gpus} GPU(s): the launch in section 2 already used {'nccl on every GPU' if gpus >= 2 else 'gloo on the CPU'}")

@@ -51,7 +51,7 @@ def test_shard_indices_cover_every_sample_exactly_once(n, world):
 
 @pytest.mark.slow
 def test_two_process_gloo_run_end_to_end(tmp_path):
-    result = launch_torchrun("course_utils.ddp_train", 2, "--log-dir", tmp_path, "--epochs", "2",
+    result = launch_torchrun("course_utils.ddp_train", 2, "--epochs", "2",
                              log_dir=tmp_path, echo=False)
     assert result.returncode == 0 and [log["rank"] for log in result.logs] == [0, 1]
     first, second = result.logs
@@ -71,7 +71,7 @@ def test_two_process_gloo_run_end_to_end(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_uneven_data_for_world_sizes_1_2_3(tmp_path, world):
-    result = launch_torchrun("course_utils.ddp_train", world, "--log-dir", tmp_path, "--epochs", "1",
+    result = launch_torchrun("course_utils.ddp_train", world, "--epochs", "1",
                              "--train-size", "7", "--val-size", "2", "--per-device-batch", "2",
                              log_dir=tmp_path, echo=False)
     assert len(result.logs) == world
@@ -85,7 +85,7 @@ def test_uneven_data_for_world_sizes_1_2_3(tmp_path, world):
 @pytest.mark.slow
 def test_a_crashing_rank_is_reported_and_nothing_is_left_running(tmp_path):
     with pytest.raises(TorchrunFailed, match="(?s)Traceback.*deliberate crash on rank 1"):
-        launch_torchrun("course_utils.ddp_train", 2, "--log-dir", tmp_path, "--crash-rank", "1",
+        launch_torchrun("course_utils.ddp_train", 2, "--crash-rank", "1",
                         log_dir=tmp_path, echo=False, timeout_s=120)
     time.sleep(0.5)
     assert len(worker_pids(tmp_path)) == 2 and still_running(worker_pids(tmp_path)) == []
@@ -95,7 +95,7 @@ def test_a_crashing_rank_is_reported_and_nothing_is_left_running(tmp_path):
 def test_timeout_kills_every_process(tmp_path):
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="killed"):
-        launch_torchrun("course_utils.ddp_train", 2, "--log-dir", tmp_path, "--sleep", "120",
+        launch_torchrun("course_utils.ddp_train", 2, "--sleep", "120",
                         log_dir=tmp_path, echo=False, timeout_s=15)
     assert time.monotonic() - start < 40
     pids = worker_pids(tmp_path)
@@ -119,3 +119,19 @@ def test_still_running_tells_live_from_finished_processes():
 def test_launch_rejects_bad_nproc():
     with pytest.raises(ValueError, match="nproc"):
         launch_torchrun("course_utils.ddp_train", 0)
+
+
+def test_a_missing_target_fails_before_any_process_starts(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(ModuleNotFoundError, match="no module named 'course_utils.ddp_trian'"):
+        launch_torchrun("course_utils.ddp_trian", 2, log_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="no training script"):
+        launch_torchrun(str(tmp_path / "train.py"), 2, log_dir=tmp_path)
+    assert time.monotonic() - start < 2 and not list(tmp_path.iterdir())     # nothing ran, nothing written
+
+
+def test_the_script_refuses_to_run_without_a_log_folder(monkeypatch):
+    from course_utils import ddp_train
+    monkeypatch.delenv("COURSE_LOG_DIR", raising=False)
+    with pytest.raises(SystemExit, match="give --log-dir"):
+        ddp_train.main([])

@@ -165,6 +165,14 @@ def test_idle_cores_sees_a_busy_core():
         idle_cores(0)
 
 
+def test_doctor_names_the_tested_torch_and_warns_on_another(monkeypatch):
+    report = doctor()
+    assert "tested on 2.13.0 and 2.14.1" in dict(report.rows)["torch"]
+    assert not any("not one the course was tested on" in note for note in report.notes)
+    monkeypatch.setattr(torch, "__version__", "2.99.0+cpu")
+    assert any("torch 2.99.0+cpu is not one the course was tested on" in note for note in doctor().notes)
+
+
 def test_hardware_summary_names_the_machine():
     summary = hardware_summary()
     assert torch.__version__ in summary
