@@ -18,24 +18,29 @@
 # **You will be able to:** pick the device and say whether autograd tracks a tensor; read what
 # `backward()` fills in (and what it leaves empty); write a full training loop with no `nn.Module` (the
 # manual `y = 2x + 0.3` regression); recognise a forgotten `grad.zero_()` from its loss curve and the
-# other update mistakes from their errors; and use the dynamic graph to find a shape bug that hides in one
-# branch.
+# other update mistakes from their errors; find a shape bug that hides in one branch of `forward` or in a
+# silent broadcast; and say why a learning rate above a limit makes plain gradient descent diverge.
 #
 # **You write the PyTorch; `course_utils` holds the hardened versions of what you write.** Each section
 # shows the plain code first and reproduces the pitfall with it; a helper appears only afterwards, as the
-# same code with input checks and edge cases handled (here: `get_device`, `fit_line`, the plots and the
-# widget).
+# same code with input checks and edge cases handled (here: `get_device`, `expect_error`, `fit_line`, the
+# plots and the widget).
 #
 # **Hardware and time.** Every number below was produced by the machine that ran this notebook (the
-# first code cell prints it). Measured on a 2-core CPU machine: *Run All* took 6 s of cell time when the
-# machine was idle and up to 15 s while other processes kept its cores busy; `time ./course outputs`,
-# which also starts the kernel and saves the notebook, took 16 to 32 s. On a CUDA GPU the same cells run
-# unchanged with `device = cuda`.
+# first code cell prints it). Measured on a 2-core CPU machine that other jobs kept busy (load average 6
+# to 8): *Run All* took 15 to 28 s of cell time; `time ./course outputs`, which also starts the kernel and
+# saves the notebook, took 41 to 62 s (17 s in the quietest run). On a CUDA GPU the same cells run
+# unchanged with `device = cuda`, and section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
 # code cell of every chapter) adds an explanation and a pointer to the right chapter under any error
 # this course knows, when one escapes in your own experiments.
+
+# %% [markdown]
+# The first cell imports what the chapter uses and fixes the random seed: `seed_everything(0)` is
+# `random.seed(0); numpy.random.seed(0); torch.manual_seed(0)` in one call (`torch.manual_seed` also seeds
+# every GPU), so the random numbers below are the same on every run.
 
 # %%
 import warnings
@@ -45,8 +50,9 @@ import torch
 from torch import nn
 
 from course_utils import (RegressionExplorer, check_fit_line_by_hand, check_grad_of_cube, check_line_parameters,
-                          check_sgd_update, check_two_branch_forward, exercise, expect_error, fit_line,
-                          get_device, hardware_summary, plot_line_fit, plot_losses, progress, seed_everything)
+                          check_sgd_update, check_two_branch_forward, exercise, expect_error, expect_warning,
+                          fit_line, get_device, hardware_summary, plot_line_fit, plot_losses, progress,
+                          seed_everything)
 
 # %load_ext course_utils
 seed_everything(0)
@@ -60,6 +66,7 @@ print(hardware_summary())
 # %%
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 print("the one-liner picks:", device)
+one_liner_device = device
 
 # %% [markdown]
 # The course uses `get_device()`, the same line hardened: it also takes Apple's MPS where MPS really works
@@ -69,7 +76,7 @@ print("the one-liner picks:", device)
 # %%
 device = get_device()
 print("get_device() picks:", device)
-assert (device.type == "cuda") == torch.cuda.is_available()     # CUDA whenever there is one
+assert device == one_liner_device or device.type == "mps"     # the same choice, unless it found a working MPS
 
 # %% [markdown]
 # Make it a habit: data goes over with `torch.as_tensor(data).to(device)`; parameters are created **on**
@@ -103,8 +110,9 @@ print("a.grad =", a.grad)                                   # d/da (3a)^2 = 18a
 torch.testing.assert_close(a.grad, 18 * a.detach())
 
 # %% [markdown]
-# An intermediate (non-leaf) tensor keeps no `.grad`. Reading it gives `None` and a long `UserWarning`;
-# here it is caught, and its key line printed:
+# An intermediate (non-leaf) tensor keeps no `.grad`. Reading it gives `None` and a long `UserWarning`.
+# `warnings.catch_warnings(record=True)` collects it instead of printing it, so we can print its first
+# sentence and check it:
 
 # %%
 with warnings.catch_warnings(record=True) as seen:
@@ -116,23 +124,53 @@ assert hidden_grad is None and "not a leaf Tensor" in str(seen[0].message)
 
 # %% [markdown]
 # When you do want an intermediate's gradient (while debugging), ask with `retain_grad()` **before**
-# `backward()`:
+# `backward()`. One detail first: `backward()` **adds** into `.grad` (section 5 shows what that does to a
+# training loop), so `a.grad` is emptied before this second pass, or it would read 36a instead of 18a.
 
 # %%
+a.grad = None                                                # start afresh: backward() adds into .grad
 hidden = a * 3
 hidden.retain_grad()
 (hidden ** 2).sum().backward()
 print("hidden.grad with retain_grad() =", hidden.grad)     # 2 * hidden
 torch.testing.assert_close(hidden.grad, 2 * hidden.detach())
+torch.testing.assert_close(a.grad, 18 * a.detach())         # this pass alone
+
+# %% [markdown]
+# A tensor created **without** `requires_grad=True` (data, a constant) is a leaf too, but autograd does not
+# track it: after `backward()` its `.grad` is `None`, and this time **no warning** tells you so.
+
+# %%
+scale = torch.tensor([2.0, 2.0, 2.0], device=device)       # data: requires_grad is False
+a.grad = None
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    (scale * a).sum().backward()
+    scale_grad = scale.grad
+print("a.grad =", a.grad, "| scale.grad =", scale_grad, "| warnings:", len(seen))
+assert scale_grad is None and not seen and a.grad is not None
 
 # %% [markdown]
 # And `backward()` only works on something autograd recorded. A loss computed under `torch.no_grad()` (or
-# from tensors that don't require grad) has no `grad_fn`:
+# from tensors that don't require grad) has no `grad_fn`. To see an error and carry on, you would write a
+# `try`/`except`:
 
 # %%
 with torch.no_grad():
     frozen_loss = (a * 3).pow(2).sum()
 print("requires_grad:", frozen_loss.requires_grad, "| grad_fn:", frozen_loss.grad_fn)
+try:
+    frozen_loss.backward()
+except RuntimeError as error:
+    print("RuntimeError:", error)
+
+# %% [markdown]
+# The pitfall cells of this course use `expect_error(RuntimeError, match=...)`: that `try`/`except`,
+# hardened. It prints the error the same way, and **fails the cell** if no error happened or if the
+# message does not match, so CI notices the day a PyTorch release changes the behaviour. Its twin
+# `expect_warning` does the same for a warning (section 3 uses it).
+
+# %%
 with expect_error(RuntimeError, match="does not require grad and does not have a grad_fn"):
     frozen_loss.backward()
 assert (a * 3).pow(2).sum().grad_fn is not None          # outside no_grad the graph is recorded
@@ -140,20 +178,35 @@ assert (a * 3).pow(2).sum().grad_fn is not None          # outside no_grad the g
 # %% [markdown]
 # ## 3. Pitfall: converting a tensor after `requires_grad=True`
 #
-# `.to()` returns a **new** tensor whenever the conversion does something (another device, another dtype).
-# That new tensor is the result of an operation, so it is not a leaf: `backward()` fills the original,
-# which you no longer hold. The conversion here is to `float16`, a real conversion on every device (on a
-# GPU, `.to("cuda")` of a CPU tensor does the same).
+# Any operation on a tensor returns a **new** tensor, and so does `.to()` whenever the conversion does
+# something (another device, another dtype). That new tensor is the result of an operation, so it is not
+# a leaf: `backward()` fills the original, which you no longer hold. Below, a conversion to `float16` (a
+# real conversion on every device) and a scaling by 0.01, each written after `requires_grad=True`:
 
 # %%
-param = torch.randn(2, requires_grad=True).to(torch.float16)   # the broken way
-(param ** 2).sum().backward()
-print("is_leaf:", param.is_leaf, "| grad_fn:", type(param.grad_fn).__name__)
-with warnings.catch_warnings(record=True) as seen:
-    warnings.simplefilter("always")
-    param_grad = param.grad                                     # the same warning as in section 2
-print("param.grad =", param_grad)
-assert param_grad is None and not param.is_leaf and "not a leaf Tensor" in str(seen[0].message)
+converted = torch.randn(2, device=device, requires_grad=True).to(torch.float16)   # broken: converted after
+scaled = torch.randn(2, device=device, requires_grad=True) * 0.01                 # broken: scaled after
+for name, param in [("converted", converted), ("scaled", scaled)]:
+    (param ** 2).sum().backward()
+    print(f"{name:9}  is_leaf={param.is_leaf}  grad_fn={type(param.grad_fn).__name__}")
+with expect_warning(UserWarning, match="not a leaf Tensor"):     # section 2's warning, its key line printed
+    converted_grad = converted.grad
+print("converted.grad =", converted_grad)
+assert converted_grad is None and not converted.is_leaf and not scaled.is_leaf
+
+# %% [markdown]
+# The form you will meet most is `.to(device)`: on a GPU, moving a CPU tensor copies it into a new,
+# non-leaf tensor. On a CPU-only machine `.to("cpu")` has nothing to do and returns the tensor itself, still
+# a leaf, which is why this bug hides on a laptop and appears the first time the code runs on a GPU.
+
+# %%
+moved = torch.randn(2, requires_grad=True).to(device)           # created on the CPU, then moved
+print(f"device {device.type}: .to(device) returned", "the same tensor" if moved.is_leaf else "a new tensor",
+      f"| is_leaf={moved.is_leaf} | grad_fn={type(moved.grad_fn).__name__ if moved.grad_fn else None}")
+if device.type == "cpu":
+    assert moved.is_leaf                                        # nothing moved: the bug is invisible here
+else:
+    assert not moved.is_leaf and type(moved.grad_fn).__name__ == "ToCopyBackward0"
 
 # %% [markdown]
 # The same holds for an `nn.Parameter` you convert yourself: the result is a plain tensor, not a leaf.
@@ -164,14 +217,17 @@ print(type(own).__name__, "| is_leaf:", own.is_leaf)
 assert not isinstance(own, nn.Parameter) and not own.is_leaf
 
 # %% [markdown]
-# The fix: create the tensor with the dtype and device it must have, then it is a leaf (or convert first
-# and call `.requires_grad_()` last).
+# The fix, two ways: create the tensor with the dtype and device it must have; or, when its values need
+# computing (a scaling, a conversion), compute them first and call `.requires_grad_()` **last**. Either
+# way the parameter is a leaf and `backward()` fills its `.grad`.
 
 # %%
-param = torch.randn(2, dtype=torch.float16, device=device, requires_grad=True)
-(param ** 2).sum().backward()
-torch.testing.assert_close(param.grad, 2 * param.detach())
-print("fixed: param.grad =", param.grad)
+created = torch.randn(2, dtype=torch.float16, device=device, requires_grad=True)
+computed = (torch.randn(2, device=device) * 0.01).to(torch.float16).requires_grad_()
+for name, param in [("created as float16", created), ("computed, then requires_grad_()", computed)]:
+    (param ** 2).sum().backward()
+    print(f"{name:32} is_leaf={param.is_leaf}  grad={param.grad}")
+    torch.testing.assert_close(param.grad, 2 * param.detach())
 
 # %% [markdown]
 # **`model.to(device)` is fine.** On an `nn.Module`, `.to()` converts each parameter's data *in place*:
@@ -231,7 +287,7 @@ plot_losses({"lr = 0.1": losses}, ax=right);
 # `backward()` **adds** into `.grad`; it never overwrites. First, see it on one tensor:
 
 # %%
-v = torch.tensor([1.0, 2.0], requires_grad=True)
+v = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
 (v ** 2).sum().backward()
 first = v.grad.clone()
 (v ** 2).sum().backward()                   # same computation, no zero_() in between
@@ -263,15 +319,20 @@ late = sum(forgot_losses[-100:]) / 100
 print(f"with zero_():    loss rose on {rises(losses)} of 999 steps; final loss {losses[-1]:.5f}")
 print(f"without zero_(): loss rose on {rises(forgot_losses)} of 999 steps; mean of the last 100 losses {late:.5f} "
       f"({late / losses[-1]:.0f}x the correct loop's final loss)")
-plot_losses({"with grad.zero_()": losses, "without": forgot_losses}, title="forgetting grad.zero_()")
+fig, (whole, start) = plt.subplots(1, 2, figsize=(10, 3.2))
+plot_losses({"with grad.zero_()": losses, "without": forgot_losses}, ax=whole, title="1000 steps")
+plot_losses({"with grad.zero_()": losses[:60], "without": forgot_losses[:60]}, ax=start,
+            title="the first 60 steps: up, down, up")
+whole.set_ylim(top=20)                    # room above the band for the legend
+whole.legend(loc="upper right")
 assert rises(losses) == 0
 assert rises(forgot_losses) > 400 and late > 50 * losses[-1]      # it oscillates for good: about half the steps rise
 
 # %% [markdown]
 # `course_utils.fit_line(x, y, lr=, steps=, zero_grad=)` is this loop, hardened: it checks the shapes of
-# `x` and `y` and the hyperparameters with a readable error, starts from a seeded `w`, and stops as soon as
-# the loss becomes inf or nan. The widget in section 7 calls it; `zero_grad=False` removes the same two
-# lines.
+# `x` and `y` (section 6 shows what a wrong shape does, silently) and the hyperparameters with a readable
+# error, starts from a seeded `w`, records `w` and `b` at every step, and stops as soon as the loss becomes
+# inf or nan. The widget in section 7 calls it; `zero_grad=False` removes the same two lines.
 
 # %%
 good = fit_line(x, y, lr=0.1, steps=1000)
@@ -279,36 +340,41 @@ forgot = fit_line(x, y, lr=0.1, steps=1000, zero_grad=False)
 print("zero_grad=True: ", good)
 print("zero_grad=False:", forgot)
 assert abs(good.w - learned_w) < 1e-4 and abs(good.b - learned_b) < 1e-4   # another start, same answer
-assert sum(forgot.losses[-100:]) / 100 > 50 * good.losses[-1]
-with expect_error(ValueError, match=r"shape \(N, 1\)"):
-    fit_line(x.flatten(), y)                         # a (200,) x: the plain loop would broadcast silently
+assert rises(forgot.losses) > 400 and sum(forgot.losses[-100:]) / 100 > 50 * good.losses[-1]
 
 # %% [markdown]
-# Two more ways to get the update wrong, each with PyTorch's real complaint:
-#
-# - updating **in place outside `no_grad()`**: autograd refuses to modify a leaf it is tracking;
-# - **rebinding** with `w = w - lr * w.grad`: the new `w` is not a leaf, so next step `w.grad` is `None`.
+# Two more ways to get the update wrong, each with PyTorch's real complaint. First, updating **in place
+# outside `no_grad()`**: autograd refuses to modify a leaf it is tracking.
 
 # %%
-w = torch.randn(1, requires_grad=True)
-((w * x.cpu() - y.cpu()) ** 2).mean().backward()
+w = torch.randn(1, device=device, requires_grad=True)
+((w * x - y) ** 2).mean().backward()
 with expect_error(RuntimeError, match="leaf Variable that requires grad is being used in an in-place operation"):
     w -= 0.1 * w.grad
 
+# %% [markdown]
+# Second, **rebinding** with `w = w - lr * w.grad`: the new `w` is computed from the old one, so it is not a
+# leaf. At the next step `backward()` fills the old leaf, which you no longer hold; reading `w.grad` gives
+# section 2's warning and `None`, and the update then fails on `None`.
+
 # %%
-w = torch.randn(1, requires_grad=True)
-with warnings.catch_warnings(record=True), expect_error(TypeError, match="NoneType"):   # records section 2's warning
-    for step in range(2):
-        print(f"step {step}: w.is_leaf = {w.is_leaf}")
-        ((w * x.cpu() - y.cpu()) ** 2).mean().backward()
-        w = w - 0.1 * w.grad        # rebinds w to a new, non-leaf tensor: at step 1 w.grad is None
+w = torch.randn(1, device=device, requires_grad=True)
+((w * x - y) ** 2).mean().backward()
+w = w - 0.1 * w.grad                         # step 0: rebinds w to a new tensor
+print("after step 0: w.is_leaf =", w.is_leaf)
+((w * x - y) ** 2).mean().backward()         # step 1
+with expect_warning(UserWarning, match="not a leaf Tensor"):
+    w_grad = w.grad
+print("w.grad =", w_grad)
+with expect_error(TypeError, match="NoneType"):
+    w = w - 0.1 * w_grad
 
 # %% [markdown]
 # **The trailing underscore.** `zero_()`, `mul_()`, `relu_()` change a tensor **in place**. That saves memory,
 # but autograd may have saved the old value for the backward pass; it notices, and refuses:
 
 # %%
-z = torch.ones(3, requires_grad=True)
+z = torch.ones(3, device=device, requires_grad=True)
 out = z.sigmoid()                 # sigmoid saves its output: backward needs it
 out.mul_(2)                       # in place: overwrites the saved output
 with expect_error(RuntimeError, match="modified by an inplace operation"):
@@ -316,7 +382,7 @@ with expect_error(RuntimeError, match="modified by an inplace operation"):
 
 out = z.sigmoid() * 2             # the fix: out of place, a new tensor
 out.sum().backward()
-sig = torch.sigmoid(torch.ones(3))
+sig = torch.sigmoid(torch.ones(3, device=device))
 torch.testing.assert_close(z.grad, 2 * sig * (1 - sig))
 print("out of place: z.grad =", z.grad)
 
@@ -327,71 +393,171 @@ print("out of place: z.grad =", z.grad)
 # next, and you can print shapes anywhere before `backward()`. The habit that saves hours: write the
 # expected shapes at the top of `forward` and in comments after each line.
 #
-# This `forward` has a shape bug on one branch only. The first input takes the healthy branch, so the
-# bug stays hidden until an input with a negative mean arrives.
+# This `forward` is meant to compute `h @ W2` for a batch with a positive mean and `relu(h) @ W2` for any
+# other batch (its docstring says so). The second branch has a shape bug. The first input takes the
+# healthy branch, so the bug stays hidden until an input with a negative mean arrives.
 
 # %%
-W1 = torch.randn(4, 8, requires_grad=True)
-W2 = torch.randn(8, 2, requires_grad=True)
+W1 = torch.randn(4, 8, device=device, requires_grad=True)
+W2 = torch.randn(8, 2, device=device, requires_grad=True)
 
 def forward_buggy(x):
-    """x: (N, 4) -> (N, 2)"""
+    """x: (N, 4) -> (N, 2): h @ W2 if x has a positive mean, else relu(h) @ W2, with h = x @ W1."""
     h = x @ W1                       # (N, 8)
     print("  x mean", round(x.mean().item(), 2), "-> h:", tuple(h.shape))
     if x.mean() > 0:
         return h @ W2                # (N, 8) @ (8, 2) -> (N, 2)
-    return h.T @ W2                  # BUG: (8, N) @ (8, 2)
+    return torch.relu(h).T @ W2      # BUG: (8, N) @ (8, 2)
 
 torch.manual_seed(1)
-positive, negative = torch.rand(5, 4), -torch.rand(5, 4)
+positive, negative = torch.rand(5, 4, device=device), -torch.rand(5, 4, device=device)
 print("positive batch:"); out = forward_buggy(positive)
-print("  out:", tuple(out.shape), "grad_fn:", type(out.grad_fn).__name__)
+print("  out:", tuple(out.shape))
 print("negative batch:")
 with expect_error(RuntimeError, match="cannot be multiplied"):
     forward_buggy(negative)
 
+# %% [markdown]
+# Worse, with exactly **8** rows the transposed `(8, 8)` matrix multiplies without complaint: the buggy
+# branch returns the right shape and wrong values. The fix is the docstring's computation, `relu(h) @ W2`.
+# Each call records its own graph: the operation feeding the last matrix multiply (read from
+# `out.grad_fn.next_functions`) is a ReLU on one branch only.
 
 # %%
 def forward_fixed(x):
-    """x: (N, 4) -> (N, 2)"""
+    """x: (N, 4) -> (N, 2): h @ W2 if x has a positive mean, else relu(h) @ W2, with h = x @ W1."""
     h = x @ W1                       # (N, 8)
     if x.mean() > 0:
-        return h @ W2                # (N, 2)
-    return torch.relu(h) @ W2        # (N, 2): the other branch does different work, same shapes
+        return h @ W2                # (N, 8) @ (8, 2) -> (N, 2)
+    return torch.relu(h) @ W2        # (N, 8) @ (8, 2) -> (N, 2)
 
-for batch in (positive, negative):
+inputs_of_last_op = {}
+for name, batch in [("positive", positive), ("negative", negative)]:
     out = forward_fixed(batch)
-    out.sum().backward()             # each call built its own graph
-    print(tuple(batch.shape), "->", tuple(out.shape), "| last op:", type(out.grad_fn).__name__)
+    out.sum().backward()
+    inputs_of_last_op[name] = [type(fn).__name__ for fn, _ in out.grad_fn.next_functions]
+    print(f"{name}: {tuple(batch.shape)} -> {tuple(out.shape)} | {type(out.grad_fn).__name__} computed from",
+          inputs_of_last_op[name])
     assert out.shape == (5, 2)
+assert "ReluBackward0" in inputs_of_last_op["negative"] and "ReluBackward0" not in inputs_of_last_op["positive"]
+
+eight = -torch.rand(8, 4, device=device)
+print("8 rows, negative mean, buggy forward:")
+silent = forward_buggy(eight)
+print("  out:", tuple(silent.shape), "| largest difference from the fixed forward:",
+      round((silent - forward_fixed(eight)).abs().max().item(), 2))
+assert silent.shape == (8, 2) and not torch.allclose(silent, forward_fixed(eight))
+
+# %% [markdown]
+# ### Broadcasting: shapes that pair up wrongly
+#
+# Element-wise operations line shapes up **from the right**, and a missing dimension or a dimension of size 1
+# is stretched to match. Convenient, and the source of two symptoms: an error when the sizes that meet
+# differ, and — worse — no error at all when they happen to fit.
+#
+# The silent one first: section 4's loop, with `x` as a flat `(200,)` vector (a column read from a file
+# often comes out that way) and `y` still `(200, 1)`. `w * x + b - y` is then `(200,) - (200, 1)`, which
+# broadcasts to `(200, 200)`: every x paired with every y.
+
+# %%
+x_flat = x.flatten()                                             # (200,)
+print("prediction", tuple((2 * x_flat).shape), "- target", tuple(y.shape), "->", tuple((2 * x_flat - y).shape))
+w = torch.randn(1, device=device, requires_grad=True)
+b = torch.zeros(1, device=device, requires_grad=True)
+for step in range(200):                          # enough steps to settle here
+    loss = ((w * x_flat + b - y) ** 2).mean()    # (200, 200): no error
+    loss.backward()
+    with torch.no_grad():
+        w -= lr * w.grad
+        b -= lr * b.grad
+        w.grad.zero_()
+        b.grad.zero_()
+print(f"no error; learned w = {w.item():.2f}, b = {b.item():.2f} (the (200, 1) loop learned w = {learned_w:.2f})")
+assert abs(w.item()) < 0.1 < abs(learned_w)   # every x against every y: the best line is flat
+
+# %% [markdown]
+# `fit_line` refuses that input with a readable error instead (the shape check of the hardened loop):
+
+# %%
+with expect_error(ValueError, match=r"shape \(N, 1\)"):
+    fit_line(x_flat, y)
+
+# %% [markdown]
+# The error, and its silent twin. A reduction over a dimension drops it: `h.mean(dim=1)` of a `(5, 8)` matrix
+# is `(5,)`, and `(5, 8) - (5,)` lines the 8 columns up with the 5 row means. `keepdim=True` keeps the
+# dimension as size 1, a column `(5, 1)` that pairs with the rows. With 8 rows instead of 5 the wrong
+# version runs and subtracts row *j*'s mean from column *j*.
+
+# %%
+h = torch.randn(5, 8, device=device)                            # 5 rows of 8 features
+with expect_error(RuntimeError, match=r"The size of tensor a \(8\) must match the size of tensor b \(5\)"):
+    h - h.mean(dim=1)                                           # (5, 8) - (5,)
+centred = h - h.mean(dim=1, keepdim=True)                       # (5, 8) - (5, 1): each row minus its own mean
+print(f"largest row mean after centring: {centred.mean(dim=1).abs().max().item():.1e}")
+torch.testing.assert_close(centred.mean(dim=1), torch.zeros(5, device=device), atol=1e-6, rtol=0)
+
+square = torch.randn(8, 8, device=device)                      # 8 rows: the wrong line runs
+wrong, right = square - square.mean(dim=1), square - square.mean(dim=1, keepdim=True)
+print("8 rows without keepdim: no error, largest difference", round((wrong - right).abs().max().item(), 2))
+assert not torch.allclose(wrong, right)
 
 # %% [markdown]
 # ## 7. Explore: learning rate and steps
 #
-# Drag the sliders (the plot redraws when you let go). Small rates converge slowly; around
-# `lr ≈ 1` the loss starts to bounce, and past it the updates overshoot by more each step and the loss
-# explodes. For this loss the curvature along `b` is 2, so plain gradient descent diverges for `lr > 2 / 2 = 1`.
+# How large can the learning rate be? This loss is a quadratic bowl in `(w, b)`. Along `b` its curvature is
+# 2, along `w` it is `2·mean(x²) ≈ 0.67` (and, `x` being centred, the two do not interact). One step of
+# gradient descent multiplies `b`'s distance from its optimum by `1 − 2·lr`:
+#
+# - `lr < 0.5`: the factor is between 0 and 1, `b` creeps up to its optimum from one side;
+# - `0.5 < lr < 1`: the factor is negative, `b` jumps **to the other side** on every step, closer each time;
+#   the line see-saws around the data, yet the loss, which only sees the distance, **falls on every step**;
+# - `lr = 1`: the factor is −1, `b` bounces between two values for good and the loss stalls;
+# - `lr > 1`: the distance grows on every step; so does the loss, until it is inf.
+#
+# Measured with `fit_line` (200 steps each; "b crossed": on how many of the first 9 steps `b` jumped to the
+# other side of the optimum that section 4 found):
+
+# %%
+print(f"{'lr':>5} | loss rose on | b crossed | final loss")
+fits, crossed = {}, {}
+for lr_try in (0.3, 0.9, 1.0, 1.01, 1.5):
+    fits[lr_try] = fit = fit_line(x, y, lr=lr_try, steps=200)
+    above = [b_t > learned_b for _, b_t in fit.path[:10]]
+    crossed[lr_try] = sum(before != after for before, after in zip(above, above[1:]))
+    print(f"{lr_try:5} | {rises(fit.losses):>5} of {len(fit.losses) - 1:>3} | {crossed[lr_try]:>4} of 9 | "
+          f"{fit.losses[-1]:.3g}" + ("  (diverged: fit_line stopped)" if fit.diverged else ""))
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+plot_losses({f"lr = {lr_try}": fits[lr_try].losses for lr_try in (0.3, 0.9, 1.0, 1.01)}, ax=left)
+for lr_try in (0.3, 0.9, 1.0):
+    right.plot([b_t for _, b_t in fits[lr_try].path[:20]], marker=".", label=f"lr = {lr_try}")
+right.axhline(learned_b, color="gray", linestyle=":", label="optimum")
+right.set(xlabel="step", ylabel="b", title="b during the first 20 steps", ylim=(-0.05, 0.8))
+right.legend(loc="upper center", ncol=4, fontsize="small");
+
+assert all(rises(fits[lr_try].losses) == 0 for lr_try in (0.3, 0.9, 1.0))   # up to lr = 1 the loss never rises
+assert crossed[0.3] == 0 and crossed[0.9] == 9 and crossed[1.0] == 9       # past 0.5, b overshoots every step
+assert fits[1.0].losses[-1] > 100 * fits[0.9].losses[-1]                     # at exactly 1, b never settles
+assert rises(fits[1.01].losses) > 190 and fits[1.5].diverged                  # past 1, the loss grows every step
+
+# %% [markdown]
+# Now try it yourself: drag the sliders (the plot redraws when you let go) across `lr = 0.5` and `lr = 1`
+# and watch the fitted line and the loss.
 
 # %%
 RegressionExplorer(x.cpu(), y.cpu(), lr=0.1, steps=200)
-
-# %%
-too_large = fit_line(x, y, lr=1.5, steps=1000)
-print(too_large)
-assert too_large.diverged
-assert not fit_line(x, y, lr=0.9, steps=1000).diverged
 
 
 # %% [markdown]
 # ## 8. Exercises
 #
 # Each exercise is a function in a cell, followed by its check. Fix the code (or write it, where the body
-# is `...`) and run the cell again. The check runs your function on its own small data and says what it
-# **observed**; each further failed attempt adds one hint. `progress()` at the end of the notebook shows what
-# you have solved, across chapters.
+# is `...`) and run the cell again. The check runs your function on its own small data (on `get_device()`)
+# and says what it **observed**; each further failed attempt adds one hint. `progress(chapter=1)` at the
+# end of the notebook shows what you have solved.
 #
 # **Exercise 1 (write it).** Return the derivative of `x ** 3` at `x`, computed **by autograd** (not by
-# hand), as a Python float.
+# hand: the check notices), as a Python float.
 
 # %%
 @exercise
@@ -424,8 +590,8 @@ check_sgd_update(sgd_update)
 @exercise
 def fit_line_by_hand(x: torch.Tensor, y: torch.Tensor, lr: float, steps: int) -> tuple[float, float, list[float]]:
     """Fit y ≈ w * x + b from w = b = 0. x, y: (N, 1). Returns w, b and the loss of every step."""
-    w = torch.zeros(1, requires_grad=True)
-    b = torch.zeros(1, requires_grad=True)
+    w = torch.zeros(1, device=x.device, requires_grad=True)
+    b = torch.zeros(1, device=x.device, requires_grad=True)
     losses = []
     for step in range(steps):
         loss = ((w * x + b - y) ** 2).mean()
@@ -441,16 +607,17 @@ check_fit_line_by_hand(fit_line_by_hand)
 
 # %% [markdown]
 # **Exercise 4 (find the bugs; there are 2).** The parameters of a linear model, made by hand. Both come
-# out with the right shape and dtype, and yet `backward()` leaves `weight.grad` and `bias.grad` at `None`.
-# The check asks for `float64` parameters, runs a backward pass through `x @ weight + bias` and looks at
-# what it filled in.
+# out with the right shape, dtype and device, and yet `backward()` leaves `weight.grad` and `bias.grad` at
+# `None`. The check asks for `float64` parameters on its device, runs a backward pass through
+# `x @ weight + bias` and looks at what it filled in.
 
 # %%
 @exercise
-def line_parameters(n_features: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight: (n_features, 1), small random values (std 0.01); bias: (1,), zeros. Both of `dtype`, both learnable."""
-    weight = torch.randn(n_features, 1, dtype=dtype, requires_grad=True) * 0.01
-    bias = torch.zeros(1, requires_grad=True).to(dtype)
+def line_parameters(n_features: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight: (n_features, 1), small random values (std 0.01); bias: (1,), zeros. Both of `dtype`, on
+    `device`, both learnable."""
+    weight = torch.randn(n_features, 1, dtype=dtype, device=device, requires_grad=True) * 0.01
+    bias = torch.zeros(1, requires_grad=True).to(device, dtype)
     return weight, bias
 
 
@@ -482,26 +649,34 @@ check_two_branch_forward(two_branch_forward)
 # ## What to remember
 # - Pick the device once (`torch.device("cuda" if torch.cuda.is_available() else "cpu")`, or
 #   `get_device()`); create parameters **on** the device and dtype with `requires_grad=True`. Any
-#   operation after that (`.to()`, arithmetic) returns a non-leaf: convert first, then
-#   `.requires_grad_()`. `model.to(device)` on an `nn.Module` is fine: it converts in place.
-# - Only leaves get `.grad`; `retain_grad()` for intermediates while debugging.
+#   operation after that (`.to()`, `* 0.01`) returns a non-leaf: compute the values first, then
+#   `.requires_grad_()`. On a CPU-only machine `.to("cpu")` hides the bug. `model.to(device)` on an
+#   `nn.Module` is fine: it converts in place.
+# - Only leaves that require grad get `.grad`; `retain_grad()` for intermediates while debugging.
 # - Update under `torch.no_grad()`, in place (`-=`), then `grad.zero_()`: `backward()` accumulates.
 # - Log `loss.item()`, not `loss`.
-# - The graph is rebuilt every call: print shapes, write them in comments, test every branch (and a batch
-#   size that differs from every other dimension, so a broadcast cannot hide).
+# - Past a learning-rate limit (here `lr = 1`, set by the loss's largest curvature) plain gradient descent
+#   diverges; just below it the parameters overshoot back and forth while the loss still falls.
+# - The graph is rebuilt every call: print shapes, write them in comments, test every branch. Broadcasting
+#   lines shapes up from the right: keep `(N, 1)` columns as `(N, 1)`, reduce with `keepdim=True`, and test
+#   with a batch size that differs from every other dimension, so a broadcast cannot hide.
 #
 # ## Troubleshooting by symptom
 # | You see | Likely cause | Section |
 # |---|---|---|
-# | `UserWarning: The .grad attribute of a Tensor that is not a leaf Tensor is being accessed` | you converted (or scaled) a parameter after `requires_grad=True`, or you read an intermediate's grad | 2, 3 |
+# | `UserWarning: The .grad attribute of a Tensor that is not a leaf Tensor is being accessed` | you converted (or scaled) a parameter after `requires_grad=True`, rebound it with `w = w - ...`, or read an intermediate's grad | 2, 3, 5 |
 # | `.grad` is `None` after `backward()`, no warning | the tensor was created without `requires_grad=True` | 2 |
-# | the loss swings up and down and never settles | `grad.zero_()` missing, or the learning rate is too large | 5, 7 |
+# | gradients arrive on the CPU but are `None` on a GPU | `.to(device)` after `requires_grad=True` | 3 |
+# | the loss rises and falls from step to step and stays far above where it should end | `grad.zero_()` missing | 5 |
+# | the loss grows on every step, then becomes `inf` / `nan` | learning rate past the limit | 7 |
+# | the loss falls, but a parameter jumps from one side of its final value to the other on every step | learning rate just below the limit | 7 |
 # | `RuntimeError: a leaf Variable that requires grad is being used in an in-place operation` | update outside `torch.no_grad()` | 5 |
 # | `TypeError: unsupported operand type(s) ... 'NoneType'` in the update | `w = w - ...` rebound `w` to a non-leaf | 5 |
 # | `RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation` | an in-place op overwrote a value autograd saved | 5 |
 # | `RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn` | loss computed under `no_grad` or from tensors without `requires_grad` | 2 |
 # | `RuntimeError: mat1 and mat2 shapes cannot be multiplied` on some batches only | a branch of `forward` with the wrong shapes | 6 |
-# | `RuntimeError: The size of tensor a (8) must match the size of tensor b (5)` on some batches only | a broadcast that pairs the wrong dimensions | 6, exercise 5 |
+# | `RuntimeError: The size of tensor a (8) must match the size of tensor b (5)` | a broadcast that pairs the wrong dimensions (a reduction without `keepdim=True`) | 6 (broadcasting), exercise 5 |
+# | no error, but a flat fit or wrong values when the batch size equals another dimension | a silent broadcast (`(N,)` against `(N, 1)`, or 8 rows against 8 features) | 6 (broadcasting) |
 
 # %%
-print(progress())
+print(progress(chapter=1))

@@ -22,7 +22,8 @@ def line_data():
 def test_fit_line_recovers_w_and_b(line_data, seed):
     fit = fit_line(*line_data, lr=0.1, steps=1000, seed=seed)
     assert abs(fit.w - 2) < 0.02 and abs(fit.b - 0.3) < 0.02
-    assert len(fit.losses) == 1000 and not fit.diverged
+    assert len(fit.losses) == len(fit.path) == 1000 and not fit.diverged
+    assert fit.path[0] == (torch.randn(1, generator=torch.Generator().manual_seed(seed)).item(), 0.0)
     assert str(fit).startswith(f"w = {fit.w:.3f}, b = {fit.b:.3f} after 1000 steps")
 
 
@@ -40,6 +41,24 @@ def test_forgetting_zero_grad_makes_the_loss_oscillate(line_data):
     rises = sum(b > a for a, b in zip(bad.losses, bad.losses[1:]))
     assert all(b <= a + 1e-9 for a, b in zip(good.losses, good.losses[1:]))  # monotone
     assert rises > 10 and bad.losses[-1] > 10 * good.losses[-1]
+
+
+def _rises(losses):
+    return sum(later > earlier * (1 + 1e-5) for earlier, later in zip(losses, losses[1:]))
+
+
+def test_learning_rate_regimes_of_the_line_fit(line_data):
+    """Chapter 1 §7: the loss's curvature along b is 2, so plain GD has a hard limit at lr = 1."""
+    b_star = fit_line(*line_data, lr=0.1, steps=1000).b
+
+    def crossings(fit, steps=10):                 # how often b jumps to the other side of its optimum
+        side = [b > b_star for _, b in fit.path[:steps]]
+        return sum(a != b for a, b in zip(side, side[1:]))
+    slow, bouncing, edge, over = (fit_line(*line_data, lr=lr, steps=200) for lr in (0.3, 0.9, 1.0, 1.01))
+    assert _rises(slow.losses) == _rises(bouncing.losses) == _rises(edge.losses) == 0
+    assert crossings(slow) == 0 and crossings(bouncing) == 9 and crossings(edge) == 9
+    assert bouncing.losses[-1] < 1.01 * slow.losses[-1] and edge.losses[-1] > 100 * slow.losses[-1]
+    assert _rises(over.losses) > 190 and not over.diverged and over.losses[-1] > over.losses[0]
 
 
 def test_fit_line_stops_on_divergence(line_data):
@@ -75,6 +94,15 @@ def test_grad_of_cube(learner):
     assert "not attempted" in str(check_grad_of_cube(lambda x: None))
     wrong = check_grad_of_cube(lambda x: 3.0 * x)
     assert not wrong and "at x = 2.0 your function returned 6.0" in str(wrong)
+    by_hand = check_grad_of_cube(lambda x: 3 * x ** 2)            # right numbers, no autograd
+    assert not by_hand and "autograd computed none of them" in str(by_hand)
+    by_hand_in_torch = check_grad_of_cube(lambda x: (3 * torch.tensor(x) ** 2).item())
+    assert not by_hand_in_torch and "autograd computed none of them" in str(by_hand_in_torch)
+
+    def with_autograd_grad(x):
+        t = torch.tensor(x, requires_grad=True)
+        return torch.autograd.grad(t ** 3, t)[0].item()
+    assert check_grad_of_cube(with_autograd_grad)
 
     def returns_the_tensor(x):
         t = torch.tensor(x, requires_grad=True)
@@ -123,8 +151,8 @@ def test_sgd_update(learner):
 def _fit_line_by_hand(*, no_grad: bool, zero_grad: bool):
     """The exercise's loop with each planted bug switchable: update outside no_grad, no grad.zero_()."""
     def fit(x, y, lr, steps):
-        w = torch.zeros(1, requires_grad=True)
-        b = torch.zeros(1, requires_grad=True)
+        w = torch.zeros(1, device=x.device, requires_grad=True)
+        b = torch.zeros(1, device=x.device, requires_grad=True)
         losses = []
         for _ in range(steps):
             loss = ((w * x + b - y) ** 2).mean()
@@ -156,16 +184,17 @@ def test_fit_line_by_hand(learner):
 
 
 def _line_parameters(*, scale_after: bool, convert_after: bool):
-    """The exercise's parameters with each planted bug switchable: `* 0.01` and `.to(dtype)` after requires_grad."""
-    def make(n_features, dtype):
+    """The exercise's parameters with each planted bug switchable: `* 0.01` and `.to(device, dtype)` after
+    requires_grad."""
+    def make(n_features, dtype, device):
         if scale_after:
-            weight = torch.randn(n_features, 1, dtype=dtype, requires_grad=True) * 0.01
+            weight = torch.randn(n_features, 1, dtype=dtype, device=device, requires_grad=True) * 0.01
         else:
-            weight = (torch.randn(n_features, 1, dtype=dtype) * 0.01).requires_grad_()
+            weight = (torch.randn(n_features, 1, dtype=dtype, device=device) * 0.01).requires_grad_()
         if convert_after:
-            bias = torch.zeros(1, requires_grad=True).to(dtype)
+            bias = torch.zeros(1, requires_grad=True).to(device, dtype)
         else:
-            bias = torch.zeros(1, dtype=dtype, requires_grad=True)
+            bias = torch.zeros(1, dtype=dtype, device=device, requires_grad=True)
         return weight, bias
     return make
 
@@ -178,19 +207,19 @@ def test_line_parameters(learner):
     converted = _observed(check_line_parameters(_line_parameters(scale_after=False, convert_after=True)))
     assert "bias is not a leaf (its grad_fn is ToCopyBackward0)" in converted and "weight" not in converted
 
-    def drops_the_scale(n_features, dtype):
-        return torch.randn(n_features, 1, dtype=dtype, requires_grad=True), torch.zeros(1, dtype=dtype,
-                                                                                         requires_grad=True)
+    def drops_the_scale(n_features, dtype, device):
+        return (torch.randn(n_features, 1, dtype=dtype, device=device, requires_grad=True),
+                torch.zeros(1, dtype=dtype, device=device, requires_grad=True))
     assert "std" in str(check_line_parameters(drops_the_scale))
 
-    def bias_untracked(n_features, dtype):
-        weight, _ = _reference("line_parameters")(n_features, dtype)
-        return weight, torch.zeros(1, dtype=dtype)
+    def bias_untracked(n_features, dtype, device):
+        weight, _ = _reference("line_parameters")(n_features, dtype, device)
+        return weight, torch.zeros(1, dtype=dtype, device=device)
     assert "autograd never tracked bias" in str(check_line_parameters(bias_untracked))
 
-    def float32(n_features, dtype):
-        return _reference("line_parameters")(n_features, torch.float32)
-    assert "torch.float32" in str(check_line_parameters(float32))
+    def float16(n_features, dtype, device):
+        return _reference("line_parameters")(n_features, torch.float16, device)
+    assert "dtype torch.float16" in str(check_line_parameters(float16))
 
 
 def test_two_branch_forward(learner):

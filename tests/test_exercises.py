@@ -42,7 +42,8 @@ def is_find_the_bug(source: str, name: str) -> bool:
     node = next(n for n in ast.parse(_without_magics(source)).body if _is_exercise(n) and n.name == name)
     body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
                                           and isinstance(s.value.value, str))]          # drop the docstring
-    return not (len(body) == 1 and isinstance(body[0], ast.Expr) and body[0].value.value is Ellipsis)
+    return not (len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and body[0].value.value is Ellipsis)
 
 
 def shipped_exercises():
