@@ -67,7 +67,8 @@ def cpp_compiler() -> str | None:
 
 def hardware_summary() -> str:
     """One line naming the hardware that produced a measurement, e.g. for the top of a table."""
-    cpu = f"{cpu_name()} ({os.cpu_count()} logical cores, torch uses {torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    cpu = f"{cpu_name()} ({os.cpu_count()} logical cores, torch uses {threads} thread{'s' * (threads != 1)})"
     if torch.cuda.is_available():
         gpus = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         return f"GPU: {gpus}; CPU: {cpu}; torch {torch.__version__}"

@@ -431,12 +431,14 @@ def _validation_problem(n_batches: int) -> tuple[nn.Module, list[tuple[torch.Ten
 
 def check_validation_losses(fn: Callable) -> Verdict:
     """Exercise: `fn(model, batches)` returns (the loss of each batch as a float, their mean as a float)
-    without keeping anything alive between batches: its peak memory (measured on CPU) must not grow
-    with the number of batches."""
+    without keeping anything alive between batches (its peak memory, measured on CPU, must not grow
+    with the number of batches) and without recording anything for a backward pass that never comes
+    (autograd must save no tensor). Reports the first problem it observes, in that order."""
     name = "validation_losses"
     hints = ["a loss tensor remembers how it was computed: everything autograd saved for its backward "
              "stays alive as long as the tensor does",
-             "keep Python numbers, not tensors, and ask yourself whether this loop needs autograd at all"]
+             "keep Python numbers, not tensors",
+             "a validation pass never calls backward(): autograd need not record anything while it runs"]
     try:
         peaks = {}
         for n in (2, 6):
@@ -445,24 +447,29 @@ def check_validation_losses(fn: Callable) -> Verdict:
                 report = measure_peak_memory(fn, model, batches, device="cpu")
             peaks[n] = report.peak_bytes
         returned = report.result
+        model, batches = _validation_problem(2)
+        saved, _ = saved_activation_bytes(fn, model, batches, exclude=list(model.parameters()))
     except Exception as error:  # the learner's code: report it, never crash
         return report_check(name, False, f"your function raised {type(error).__name__}: {error}", hints)
     if returned is None:
         return report_check(name, False, None, hints)
     expected_losses, expected_mean = _validation_losses(*_validation_problem(6))
     growth = (peaks[6] - peaks[2]) / 4
-    problems = []
-    if growth > 1024:
-        problems.append(f"memory grows by {format_bytes(growth)} per batch (peak {format_bytes(peaks[2])} "
-                        f"for 2 batches, {format_bytes(peaks[6])} for 6): something keeps each batch alive")
     losses, mean = returned if isinstance(returned, tuple) and len(returned) == 2 else (returned, None)
-    if not (isinstance(losses, list) and all(type(x) is float for x in losses)):
+    if growth > 1024:
+        observed = (f"memory grows by {format_bytes(growth)} per batch (peak {format_bytes(peaks[2])} for 2 "
+                    f"batches, {format_bytes(peaks[6])} for 6): something keeps each batch alive")
+    elif saved:
+        observed = (f"memory no longer grows, but during 2 batches autograd saved {format_bytes(saved)} of "
+                    "tensors for a backward pass that never comes")
+    elif not (isinstance(losses, list) and all(type(x) is float for x in losses)) or type(mean) is not float:
         kinds = sorted({type(x).__name__ for x in losses}) if isinstance(losses, list) else [type(losses).__name__]
-        problems.append(f"the losses should be a list of Python floats; got {', '.join(kinds)}")
+        observed = (f"it returned losses of type {', '.join(kinds)} and a mean of type {type(mean).__name__}; "
+                    "expected Python floats")
     elif len(losses) != 6 or max(abs(a - b) for a, b in zip(losses, expected_losses)) > 1e-5:
-        problems.append(f"the losses {[round(x, 4) for x in losses]} are not the 6 batches' MSE losses")
-    if type(mean) is not float:
-        problems.append(f"the mean should be a Python float; got {type(mean).__name__}")
+        observed = f"the losses {[round(x, 4) for x in losses]} are not the 6 batches' MSE losses"
     elif abs(mean - expected_mean) > 1e-5:
-        problems.append(f"the mean {mean:.4f} is not the mean of the batch losses")
-    return report_check(name, not problems, "; ".join(problems) or None, hints)
+        observed = f"the mean {mean:.4f} is not the mean of the batch losses"
+    else:
+        return report_check(name, True, None, hints)
+    return report_check(name, False, observed, hints)

@@ -72,7 +72,7 @@ class NonFiniteLocation(ReadableResult):
     inputs_were_finite: bool
 
     def __str__(self) -> str:
-        origin = ("it turned them non-finite" if self.inputs_were_finite
+        origin = ("its inputs were finite: this module made the non-finite values" if self.inputs_were_finite
                   else "its inputs were already non-finite: look upstream (the data?)")
         what = "output" if self.phase == "forward" else "gradient w.r.t. its input"
         return (f"first non-finite {what} in {self.module_name!r} ({self.phase}); {origin}\n"

@@ -242,36 +242,28 @@ def test_cpu_memory_cap_causes_a_real_allocator_error_and_is_lifted():
 
 # --- exercise: validation_losses ------------------------------------------------------------
 
-def _keeps_every_loss_tensor(model, batches):          # planted bug 1 only
-    losses, total = [], 0.0
-    for inputs, targets in batches:
-        loss = F.mse_loss(model(inputs), targets)
-        losses.append(loss)
-        total += loss.item()
-    return losses, total / len(losses)
-
-
-def _running_sum_of_tensors(model, batches):           # planted bug 2 only
-    losses, total = [], 0.0
-    for inputs, targets in batches:
-        loss = F.mse_loss(model(inputs), targets)
-        losses.append(loss.item())
-        total += loss
-    return losses, total / len(losses)
-
-
-def _floats_under_grad(model, batches):                 # both fixed by .item(), no no_grad: accepted
-    losses = [F.mse_loss(model(inputs), targets).item() for inputs, targets in batches]
-    return losses, sum(losses) / len(losses)
+def _validation_losses_with(keep_tensors, record_graph):
+    """The shipped loop with each planted bug fixed or left: losses kept as tensors; autograd recording."""
+    def fn(model, batches):
+        losses = []
+        with torch.set_grad_enabled(record_graph):
+            for inputs, targets in batches:
+                loss = F.mse_loss(model(inputs), targets)
+                losses.append(loss if keep_tensors else loss.item())
+        return losses, sum(losses) / len(losses)
+    return fn
 
 
 def test_validation_losses_reference_passes_and_each_planted_bug_is_rejected(learner):
     assert check_validation_losses(reference("validation_losses"))
-    assert check_validation_losses(_floats_under_grad)
-    kept = check_validation_losses(_keeps_every_loss_tensor)
-    assert not kept and "memory grows by" in str(kept) and "Python floats; got Tensor" in str(kept)
-    summed = check_validation_losses(_running_sum_of_tensors)
-    assert not summed and "memory grows by" in str(summed) and "mean should be a Python float" in str(summed)
+    assert check_validation_losses(_validation_losses_with(keep_tensors=False, record_graph=False))
+    shipped = check_validation_losses(_validation_losses_with(keep_tensors=True, record_graph=True))
+    assert not shipped and "memory grows by 128.5 KiB per batch" in str(shipped)
+    assert "float" not in str(shipped)                        # the first observation alone, not the spec
+    tensors_kept = check_validation_losses(_validation_losses_with(keep_tensors=True, record_graph=False))
+    assert not tensors_kept and "losses of type Tensor and a mean of type Tensor" in str(tensors_kept)
+    graph_recorded = check_validation_losses(_validation_losses_with(keep_tensors=False, record_graph=True))
+    assert not graph_recorded and "autograd saved 273.0 KiB of tensors for a backward pass" in str(graph_recorded)
 
 
 def test_validation_losses_reports_not_attempted_and_exceptions(learner):

@@ -64,7 +64,7 @@ def test_locate_names_first_module_in_forward_and_removes_hooks():
     location = locate_nonfinite(model, torch.randn(16, 4))
     assert isinstance(location, NonFiniteLocation)
     assert location.module_name == "log" and location.phase == "forward"
-    assert location.inputs_were_finite
+    assert location.inputs_were_finite and "this module made the non-finite values" in str(location)
     assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
 
 
