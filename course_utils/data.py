@@ -79,16 +79,19 @@ def _batch_size(batch: object) -> int:
     return len(batch)  # type: ignore[arg-type]
 
 
-def benchmark_loader(loader: DataLoader, *, max_batches: int | None = None, warmup: int = 1,
+def benchmark_loader(loader: DataLoader, *, max_batches: int | None = None, warmup: int | None = None,
                      label: str = "") -> LoaderStats:
     """Iterate `loader` once and measure it.
 
     `first_batch_s` is the time from creating the iterator to the first batch (worker start-up
-    included). The first `warmup` batches are then excluded from the rates; `max_batches` caps
-    the number of batches timed after warm-up.
+    included). The first `warmup` batches are then excluded from the rates (default: one per
+    worker, at least one, so that every worker has started: `spawn` workers take seconds to
+    import torch); `max_batches` caps the number of batches timed after warm-up.
     """
     if not isinstance(loader, DataLoader):
         raise TypeError(f"benchmark_loader needs a torch.utils.data.DataLoader, got {type(loader).__name__}")
+    if warmup is None:
+        warmup = max(1, loader.num_workers)
     if warmup < 1 or (max_batches is not None and max_batches < 1):
         raise ValueError(f"need warmup >= 1 and max_batches >= 1 (or None); got {warmup}, {max_batches}")
     start = time.perf_counter()
@@ -115,11 +118,17 @@ def benchmark_loader(loader: DataLoader, *, max_batches: int | None = None, warm
     return LoaderStats(batches, samples, first_batch_s, batches / elapsed, samples / elapsed, label)
 
 
-def compare_pinned_copy(nbytes: int, device: torch.device | str, *, min_run_time: float = 0.3) -> dict[str, float]:
-    """Median host-to-device copy time (ms) of `nbytes`, four ways: from pageable memory; pinning it
-    by hand right before the copy (`pin_memory()` then copy, which includes the pinning); from memory
-    pinned in advance; and pinned with `non_blocking=True`. Each timing ends with a CUDA synchronise.
-    Needs a CUDA device; raises `RuntimeError` elsewhere."""
+def compare_pinned_copy(nbytes: int, device: torch.device | str, *, min_run_time: float = 0.3,
+                        repeats: int = 20) -> dict[str, float]:
+    """Host-to-device copies of `nbytes`, in ms (medians).
+
+    Four copies, timed with `torch.utils.benchmark` up to a CUDA synchronise (so until the copy is
+    done): from pageable memory; pinning it by hand right before the copy (`pin_memory()` then
+    copy, the pinning included); from memory pinned in advance; and pinned with `non_blocking=True`
+    (the same copy, so about the same time). Then "non_blocking call returns after": how long the
+    CPU waits in `pinned.to(device, non_blocking=True)` itself, over `repeats` calls, which is what
+    lets a copy overlap with later work. Needs a CUDA device; raises `RuntimeError` elsewhere.
+    """
     from torch.utils import benchmark
 
     device = torch.device(device)
@@ -135,4 +144,12 @@ def compare_pinned_copy(nbytes: int, device: torch.device | str, *, min_run_time
         timer = benchmark.Timer(f"{statement}; torch.cuda.synchronize()",
                                 globals={"src": src, "device": device, "torch": torch})
         results[name] = timer.blocked_autorange(min_run_time=min_run_time).median * 1000
+    returns = []
+    for _ in range(repeats):
+        torch.cuda.synchronize(device)          # an empty queue: the call cannot wait for earlier copies
+        start = time.perf_counter()
+        pinned.to(device, non_blocking=True)
+        returns.append(time.perf_counter() - start)
+    torch.cuda.synchronize(device)
+    results["non_blocking call returns after"] = float(np.median(returns)) * 1000
     return results

@@ -130,7 +130,7 @@ def _build_normalised_mlp(sizes: list[int], mean: torch.Tensor, std: torch.Tenso
 
 def check_build_normalised_mlp(fn: Callable) -> Verdict:
     """Exercise: `fn(sizes, mean, std)` builds a model whose every Linear layer is trained and saved,
-    and whose `mean` / `std` are saved and moved with it but never trained (sizes [4, 16, 16, 1])."""
+    and whose `mean` / `std` are saved and moved with it but are not parameters (sizes [4, 16, 16, 1])."""
     sizes = [4, 16, 16, 1]
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(64, 4, generator=generator) * 3 + 2
@@ -150,8 +150,14 @@ def check_build_normalised_mlp(fn: Callable) -> Verdict:
         state = model.state_dict()
         unsaved = []
         for name, value in (("mean", mean), ("std", std)):
-            if any(p.shape == value.shape and torch.equal(p.detach(), value) for p in parameters):
-                problems.append(f"`{name}` is in parameters(): the optimizer would change the normalisation")
+            as_parameter = [p for p in parameters if p.shape == value.shape and torch.equal(p.detach(), value)]
+            if as_parameter and as_parameter[0].requires_grad:
+                problems.append(f"`{name}` is a trainable parameter: every optimizer step would change the "
+                                "normalisation")
+            elif as_parameter:
+                problems.append(f"`{name}` is a parameter (frozen with requires_grad=False): it is saved and moved, "
+                                "but every optimizer built from model.parameters() receives it, and "
+                                "model.requires_grad_() would make it trainable")
             elif not any(v.shape == value.shape and torch.equal(v, value) for v in state.values()):
                 unsaved.append(f"`{name}`")
         if unsaved:

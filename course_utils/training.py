@@ -30,7 +30,10 @@ def _unpack(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Ten
     if not isinstance(batch, (list, tuple)) or len(batch) != 2:
         raise TypeError(f"a batch must be an (inputs, targets) pair, got {type(batch).__name__}"
                         + (f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else ""))
-    inputs, targets = to_device(tuple(batch), device)
+    # from pinned memory (a DataLoader with pin_memory=True) the copy to a GPU can return at once:
+    # the model's kernels run after it on the same CUDA stream
+    non_blocking = device.type == "cuda" and all(t.is_pinned() for t in batch if isinstance(t, torch.Tensor))
+    inputs, targets = to_device(tuple(batch), device, non_blocking)
     return inputs, targets
 
 
@@ -38,9 +41,10 @@ def train_step(model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch
                max_norm: float | None = None, scaler: torch.amp.GradScaler | None = None) -> float:
     """One step in the only correct order: zero_grad → forward → backward → clip → step.
 
-    `batch` is (inputs, targets), moved to the model's device. `max_norm` clips the global
-    gradient norm (after unscaling, when a `torch.amp.GradScaler` is given). Returns the loss
-    as a Python float, so the caller never keeps the graph alive.
+    `batch` is (inputs, targets), moved to the model's device (`non_blocking` when it is pinned
+    and the device is a GPU). `max_norm` clips the global gradient norm (after unscaling, when a
+    `torch.amp.GradScaler` is given). Returns the loss as a Python float, so the caller never
+    keeps the graph alive.
     """
     inputs, targets = _unpack(batch, _model_device(model))
     optimizer.zero_grad(set_to_none=True)
@@ -160,6 +164,11 @@ def _largest_difference(model: nn.Module, reference: nn.Module) -> float:
     return max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
 
 
+def _modified_in_place(error: Exception) -> bool:
+    """True for autograd's error when a tensor saved for backward was changed in place."""
+    return isinstance(error, RuntimeError) and "modified by an inplace operation" in str(error)
+
+
 def _raised(error: Exception, limit: int = 100) -> str:
     """The learner's exception in one short line (long PyTorch messages cut at a word)."""
     message = str(error).splitlines()[0] if str(error) else ""
@@ -193,10 +202,18 @@ def check_train_loop(fn: Callable) -> Verdict:
     with torch.no_grad():
         start, expected = loss_fn(model(x), y).item(), loss_fn(reference(x), y).item()
     observed = None
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    steps_taken = []
+    optimizer.register_step_post_hook(lambda *_: steps_taken.append(1))
     try:
-        losses = fn(model, loader, loss_fn, torch.optim.SGD(model.parameters(), lr=0.05), 3)
+        losses = fn(model, loader, loss_fn, optimizer, 3)
     except Exception as error:  # the learner's bug, reported rather than raised
-        observed = _raised(error)
+        if _modified_in_place(error) and steps_taken:
+            observed = (f"the backward() of batch {len(steps_taken)} raised RuntimeError (\"one of the variables "
+                        "needed for gradient computation has been modified by an inplace operation\"): an "
+                        "optimizer step had updated the weights in place after that batch's forward pass used them")
+        else:
+            observed = _raised(error)
     else:
         with torch.no_grad():
             got = loss_fn(model(x), y).item()

@@ -147,4 +147,19 @@ def test_normalised_mlp_check_rejects_trainable_statistics(learner):
         def forward(self, x):
             return self.body((x - self.mean) / self.std)
     verdict = check_build_normalised_mlp(Trainable)
-    assert not verdict and "`mean` is in parameters()" in str(verdict)
+    assert not verdict and "`mean` is a trainable parameter" in str(verdict)
+
+
+def test_normalised_mlp_check_rejects_frozen_parameters_and_says_why(learner):
+    class Frozen(nn.Module):
+        def __init__(self, sizes, mean, std):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+            self.mean = nn.Parameter(mean, requires_grad=False)
+            self.std = nn.Parameter(std, requires_grad=False)
+
+        def forward(self, x):
+            return self.body((x - self.mean) / self.std)
+    verdict = check_build_normalised_mlp(Frozen)
+    assert not verdict and "`mean` is a parameter (frozen with requires_grad=False)" in str(verdict)
+    assert "trainable parameter" not in str(verdict)     # not the (false) claim that SGD would change it

@@ -50,6 +50,27 @@ def test_train_step_with_grad_scaler_on_cpu(problem):
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_train_step_copies_a_pinned_batch_without_blocking_and_gets_the_same_weights(problem, monkeypatch):
+    model, (x, y), loss_fn = problem
+    model, reference = model.cuda(), copy.deepcopy(model).cuda()
+    calls = []
+    copy_to = torch.Tensor.to
+
+    def recording_to(tensor, *args, **kwargs):
+        if tensor.device.type == "cpu":                  # a host-to-device copy of the batch
+            calls.append(kwargs.get("non_blocking", False))
+        return copy_to(tensor, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "to", recording_to)
+    train_step(model, (x.pin_memory(), y.pin_memory()), loss_fn, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert calls == [True, True]
+    calls.clear()
+    train_step(reference, (x, y), loss_fn, torch.optim.SGD(reference.parameters(), lr=0.1))
+    assert calls == [False, False]                       # pageable memory: a plain copy
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+
+
 def test_train_step_bad_batch(problem):
     model, _, loss_fn = problem
     with pytest.raises(TypeError, match=r"\(inputs, targets\) pair"):
@@ -169,6 +190,24 @@ def test_train_loop_check_accepts_the_reference(learner):
 def test_train_loop_check_rejects_each_planted_bug(learner, variant, symptom):
     verdict = check_train_loop(variant)
     assert not verdict and symptom in str(verdict)
+
+
+def _loop_as_shipped(model, loader, loss_fn, optimizer, epochs):              # both planted bugs
+    losses = []
+    for _ in range(epochs):
+        for inputs, targets in loader:
+            loss = loss_fn(model(inputs), targets)
+            optimizer.step()
+            loss.backward()
+            losses.append(loss.item())
+    return losses
+
+
+def test_train_loop_check_explains_the_in_place_error_of_the_shipped_loop(learner):
+    verdict = check_train_loop(_loop_as_shipped)
+    assert not verdict
+    assert "the backward() of batch 2 raised RuntimeError" in str(verdict)     # batch 1's step had no gradient
+    assert "updated the weights in place after that batch's forward pass" in str(verdict)
 
 
 def test_train_loop_check_reports_an_exception(learner):
