@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from course_utils import _checks
 from course_utils._display import ReadableResult
 
 
@@ -131,7 +132,8 @@ def compare_pinned_copy(nbytes: int, device: torch.device | str, *, min_run_time
     """
     from torch.utils import benchmark
 
-    device = torch.device(device)
+    _checks.positive_int(nbytes, "nbytes")
+    device = _checks.device(device)
     if device.type != "cuda":
         raise RuntimeError(f"pinned memory only speeds up copies to a CUDA device; got {device}")
     pageable = torch.empty(nbytes // 4, dtype=torch.float32)

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from course_utils import _checks
 from course_utils.exercises import Verdict, reference_solution, report_check
 
 _DEVICE_KINDS = ("cpu", "cuda", "mps")
@@ -58,6 +59,7 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool = False
 
     Non-tensor leaves are returned unchanged; container types are preserved.
     """
+    device = _checks.device(device)
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, dict):

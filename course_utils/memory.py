@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from course_utils import _checks
 from course_utils._display import ReadableResult, format_bytes
 from course_utils.devices import torch_threads
 from course_utils.exercises import Verdict, reference_solution, report_check
@@ -35,6 +36,7 @@ def saved_activation_bytes(fn: Callable, *args, exclude: Iterable[torch.Tensor] 
     storages of `exclude` (pass the model's parameters: they are not activations).
     Returns (bytes, what fn returned). Works on meta tensors too (nothing is allocated).
     """
+    _checks.callable_(fn, "fn")
     seen = {_storage_key(t) for t in exclude}
     total = 0
 
@@ -107,6 +109,7 @@ def estimate_training_memory(model: nn.Module, example_input: torch.Tensor, *, o
     loss `loss_fn(output)`, default the mean of the squared output) and predicts its peak.
     Nothing is allocated either way; a `meta` batch of any size works.
     """
+    _checks.module(model)
     if optimizer not in _OPTIMIZER_STATE:
         raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZER_STATE)}, got {optimizer!r}")
     if not isinstance(example_input, torch.Tensor):
@@ -154,7 +157,11 @@ class _TensorAllocationTracker(TorchDispatchMode):
     """Counts bytes of tensor storages created by ATen ops while active, and frees them as they die.
 
     Written by hand because PyTorch's CPU allocator keeps no statistics (torch.cuda.memory_stats
-    exists for CUDA only). A new storage is one that no input of the op shares (views and
+    exists for CUDA only), and PyTorch's MemTracker (torch.distributed._tools, which the simulation
+    uses) does not fit measurements of arbitrary code: it counts parameters it meets during the
+    call as new allocations unless they were registered first, and refuses a module called twice
+    in one context ("does not support memory tracking for multiple iterative calls"), which the
+    chapter's loops do (both seen on torch 2.13). A new storage is one that no input of the op shares (views and
     in-place results are not allocations); `weakref.finalize` on the storage notices its release.
     """
 
@@ -203,6 +210,7 @@ def measure_peak_memory(fn: Callable, *args, device: torch.device | str | None =
     creation until it is freed, byte-exact for tensors; it does not see scratch memory inside a
     kernel, Python objects, or allocator overhead, so the process's RSS grows by somewhat more.
     """
+    _checks.callable_(fn, "fn")
     device = _device_or_default(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

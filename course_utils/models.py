@@ -8,6 +8,8 @@ def mlp(sizes: list[int], *, dropout: float = 0.0) -> nn.Sequential:
     """Linear → ReLU (→ Dropout) stacks: `mlp([4, 32, 1])` maps (N, 4) to (N, 1)."""
     if len(sizes) < 2:
         raise ValueError(f"mlp needs at least an input and an output size, got {sizes}")
+    if not all(isinstance(n, int) and n >= 1 for n in sizes):
+        raise ValueError(f"mlp sizes must be whole numbers >= 1 (features per layer), got {sizes}")
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
         layers.append(nn.Linear(fan_in, fan_out))
@@ -34,6 +36,8 @@ class TransformerBlock(nn.Module):
     """Pre-norm self-attention + MLP block: (N, T, dim) → (N, T, dim)."""
 
     def __init__(self, dim: int = 64, heads: int = 4):
+        if dim % heads:
+            raise ValueError(f"dim ({dim}) must be divisible by heads ({heads}): each head gets dim // heads features")
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)

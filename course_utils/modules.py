@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from course_utils import _checks
 from course_utils.exercises import Verdict, reference_solution, report_check
 
 # Attributes every nn.Module has that are not user state.
@@ -86,6 +87,7 @@ def _runtime_scan(model: nn.Module, inputs: tuple, already: set[int]) -> list[st
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     """Copies of every parameter reachable from `model`, registered or not, keyed by dotted path."""
+    _checks.module(model)
     tensors = {name: p.detach().clone() for name, p in model.named_parameters()}
     for path, value in _static_scan(model):
         if isinstance(value, nn.Module):

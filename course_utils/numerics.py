@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from course_utils import _checks
 from course_utils._display import ReadableResult
 from course_utils.devices import named_tensors
 from course_utils.exercises import Verdict, reference_solution, report_check
@@ -33,6 +34,9 @@ def find_nonfinite(obj: Any, name: str = "batch", *, max_indices: int = 5) -> li
     """Walk a tensor or nested batch (dict / list / tuple) and report each tensor holding NaN or
     ±Inf, with counts and the indices (row, column, ...) of the first `max_indices` bad entries.
     Integer and bool tensors are always finite. Empty list when everything is finite."""
+    if isinstance(obj, nn.Module):
+        raise TypeError("find_nonfinite checks a batch (a tensor or a dict/list/tuple of them), got an nn.Module: "
+                        "to find the layer that makes NaN, use locate_nonfinite(model, *inputs)")
     found = []
     for path, tensor in named_tensors(obj, name):
         if not (tensor.is_floating_point() or tensor.is_complex()):
@@ -84,6 +88,7 @@ def locate_nonfinite(model: nn.Module, *inputs: Any, backward: bool = True) -> N
     non-finite; if the forward pass is clean and `backward`, backpropagate `output.sum()` and name
     the first module (in backward order) whose input gradient is non-finite. `None` if all is
     finite. Leaves `.grad` of the parameters as that backward left them; hooks are always removed."""
+    _checks.module(model)
     names = {module: (name or type(model).__name__) for name, module in model.named_modules()}
     found: list[NonFiniteLocation] = []
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from course_utils import _checks
 from course_utils._display import ReadableResult
 from course_utils.devices import to_device
 from course_utils.exercises import Verdict, reference_solution, report_check
@@ -46,7 +47,11 @@ def train_step(model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch
     `torch.amp.GradScaler` is given). Returns the loss as a Python float, so the caller never
     keeps the graph alive.
     """
+    _checks.module(model)
     inputs, targets = _unpack(batch, _model_device(model))
+    if len(inputs) == 0:
+        raise ValueError("the batch is empty (0 samples): its mean loss would be nan; check the DataLoader "
+                         "(a dataset shorter than batch_size with drop_last=True yields no batch at all)")
     optimizer.zero_grad(set_to_none=True)
     loss = loss_fn(model(inputs), targets)
     if scaler is not None:

@@ -35,8 +35,19 @@ CASES = [
     ("check_devices/model=tensor", lambda d: cu.check_devices(X, X), TypeError, "model must be an nn.Module"),
     ("find_unregistered_modules/model=tensor", lambda d: cu.find_unregistered_modules(X), TypeError, "model must be an nn.Module"),
     ("explain/int", lambda d: cu.explain(3), TypeError, "explain takes an exception or a message"),
+    ("estimate_training_memory/model=tensor", lambda d: cu.estimate_training_memory(X, X), TypeError, "model must be an nn.Module"),
+    ("locate_nonfinite/model=tensor", lambda d: cu.locate_nonfinite(X, X), TypeError, "model must be an nn.Module"),
+    ("find_nonfinite/module", lambda d: cu.find_nonfinite(MODEL), TypeError, "use locate_nonfinite"),
+    ("snapshot/tensor", lambda d: cu.snapshot(X), TypeError, "model must be an nn.Module"),
+    ("train_step/model=tensor", lambda d: cu.train_step(X, (X, X), nn.MSELoss(), _optimizer()), TypeError, "model must be an nn.Module"),
+    ("measure_peak_memory/tensor", lambda d: cu.measure_peak_memory(X), TypeError, "fn must be a function"),
+    ("saved_activation_bytes/int", lambda d: cu.saved_activation_bytes(3), TypeError, "fn must be a function"),
     # empty, dict or wrongly sized batches and sizes
     ("train_step/dict batch", lambda d: cu.train_step(MODEL, {"x": X, "y": X}, nn.MSELoss(), _optimizer()), TypeError, "(inputs, targets) pair"),
+    ("train_step/empty batch", lambda d: cu.train_step(MODEL, (torch.empty(0, 4), torch.empty(0, 2)), nn.MSELoss(), _optimizer()), ValueError, "the batch is empty"),
+    ("mlp/negative size", lambda d: cu.mlp([4, -1]), ValueError, "whole numbers >= 1"),
+    ("TransformerBlock/heads", lambda d: cu.TransformerBlock(10, 3), ValueError, "must be divisible by heads"),
+    ("compare_pinned_copy/nbytes<0", lambda d: cu.compare_pinned_copy(-1, "cuda"), ValueError, "nbytes must be"),
     ("train_accumulated/no micro-batches", lambda d: cu.train_accumulated(MODEL, [], nn.MSELoss(), _optimizer()), ValueError, "micro_batches is empty"),
     ("evaluate/empty loader", lambda d: cu.evaluate(MODEL, [], nn.MSELoss()), ValueError, "yielded no samples"),
     ("fit/epochs=0", lambda d: cu.fit(MODEL, [], nn.MSELoss(), _optimizer(), epochs=0), ValueError, "epochs must be >= 1"),
@@ -60,6 +71,7 @@ CASES = [
     ("idle_cores/0", lambda d: cu.idle_cores(0), ValueError, "interval_s must be positive"),
     ("restore_rng_state/empty", lambda d: cu.restore_rng_state({}), KeyError, "made by capture_rng_state"),
     # devices that do not exist
+    ("to_device/'gpu'", lambda d: cu.to_device(X, "gpu"), ValueError, "device must be a device such as"),
     ("choose_autocast/'gpu'", lambda d: cu.choose_autocast("gpu"), ValueError, "device must be a device such as"),
     ("saved_as_if_on/'gpu'", lambda d: cu.saved_as_if_on("gpu").__enter__(), ValueError, "location must be a device"),
     # paths: a folder, a file that is not a checkpoint, a launch target or ONNX file that does not exist
