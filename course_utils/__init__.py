@@ -5,20 +5,24 @@ works for all of them.
 """
 from course_utils.autograd import (LineFit, check_fit_line_by_hand, check_grad_of_cube, check_line_parameters,
                                    check_sgd_update, check_two_branch_forward, fit_line)
-from course_utils.checkpoints import (CheckpointError, LoadReport, load_checkpoint, load_matching_state_dict,
-                                      remove_stale_partials, save_checkpoint, saved_as_if_on)
+from course_utils.checkpoints import (CheckpointError, LoadReport, check_checkpoint_dict, check_epoch_batches_from,
+                                      check_load_matching, check_resume_training, load_checkpoint,
+                                      load_matching_state_dict, remove_stale_partials, save_checkpoint, saved_as_if_on)
 from course_utils.data import LoaderStats, SyntheticImages, benchmark_loader, compare_pinned_copy
 from course_utils.devices import (DeviceMismatchError, check_devices, check_mean_kept_output, get_device,
                                   named_tensors, to_device, torch_threads)
-from course_utils.distributed import (TorchrunFailed, TorchrunResult, global_batch_size, is_main_process,
-                                      launch_torchrun, rank_zero_only, seed_for_rank, shard_indices, still_running,
-                                      worker_pids)
+from course_utils.distributed import (TorchrunFailed, TorchrunResult, check_accumulate_no_sync, check_epoch_shards,
+                                      check_eval_shard, check_save_checkpoint_once, count_allreduces, free_port,
+                                      global_batch_size, is_main_process, launch_torchrun, rank_zero_only,
+                                      script_variant, seed_for_rank, shard_indices, single_process_group,
+                                      still_running, worker_pids)
 from course_utils.environment import DoctorReport, cpp_compiler, doctor, hardware_summary, idle_cores
 from course_utils.exercises import Progress, Verdict, exercise, progress, solutions_in_place
 from course_utils.explain import Explanation, explain, load_ipython_extension, unload_ipython_extension
 from course_utils.inference import (BenchmarkTable, CompiledModel, OnnxVerification, PrecisionChoice, benchmark,
-                                    choose_autocast, count_compilations, export_onnx, onnx_session, try_compile,
-                                    verify_onnx)
+                                    check_clipped_forward, check_count_graph_breaks, check_export_for_any_batch,
+                                    check_onnx_matches_torch, choose_autocast, count_compilations, export_onnx,
+                                    onnx_session, try_compile, verify_onnx)
 from course_utils.memory import (EstimateCheck, MemoryEstimate, MemoryReport, check_memory_estimate,
                                  check_validation_losses, cpu_memory_cap, cuda_memory_cap, estimate_training_memory,
                                  find_max_batch_size, measure_peak_memory, saved_activation_bytes)

@@ -1,12 +1,18 @@
-"""Chapter 5: distributed helpers, and the DDP script end to end under a real torchrun."""
+"""Chapter 5: distributed helpers, the DDP script end to end under a real torchrun, and the exercise checks."""
 import os
 import time
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
 
-from course_utils.distributed import (TorchrunFailed, global_batch_size, is_main_process, launch_torchrun,
-                                      rank_zero_only, seed_for_rank, shard_indices, still_running, worker_pids)
+import course_utils
+from course_utils.distributed import (TorchrunFailed, count_allreduces, free_port, global_batch_size,
+                                      is_main_process, launch_torchrun, rank_zero_only, script_variant,
+                                      seed_for_rank, shard_indices, single_process_group, still_running,
+                                      worker_pids)
+from course_utils.exercises import reference
 
 
 def test_helpers_outside_a_process_group(monkeypatch):
@@ -135,3 +141,126 @@ def test_the_script_refuses_to_run_without_a_log_folder(monkeypatch):
     monkeypatch.delenv("COURSE_LOG_DIR", raising=False)
     with pytest.raises(SystemExit, match="give --log-dir"):
         ddp_train.main([])
+
+
+# --- chapter tools -------------------------------------------------------------------------
+
+def test_script_variant_writes_the_change_and_shows_it_as_a_diff(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("a = 1\nsampler.set_epoch(epoch)\nb = 2\n")
+    diff = script_variant(script, "sampler.set_epoch(epoch)", "pass", to=tmp_path / "bad.py")
+    assert (tmp_path / "bad.py").read_text() == "a = 1\npass\nb = 2\n"
+    assert "-sampler.set_epoch(epoch)\n" in diff and "+pass\n" in diff and "a = 1" not in diff
+    with pytest.raises(ValueError, match="exactly once"):
+        script_variant(script, "missing", "x", to=tmp_path / "x.py")
+
+
+def test_no_sync_leaves_one_allreduce_per_accumulated_step():
+    with single_process_group():
+        model = DistributedDataParallel(torch.nn.Linear(3, 1))
+        calls = count_allreduces(model)
+        for _ in range(3):
+            with model.no_sync():
+                model(torch.randn(2, 3)).sum().backward()
+        assert calls == [0]
+        model(torch.randn(2, 3)).sum().backward()
+        assert calls == [1]
+    assert not torch.distributed.is_initialized()       # destroyed on exit
+
+
+def test_single_process_group_is_destroyed_on_error():
+    with pytest.raises(ZeroDivisionError):
+        with single_process_group():
+            1 / 0
+    assert not torch.distributed.is_initialized()
+
+
+def test_free_port_can_be_bound():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port()))
+
+
+# --- exercises: each reference passes, each planted bug alone is rejected --------------------
+
+def _shards_without_set_epoch(n_samples, rank, world_size, epochs):
+    sampler = DistributedSampler(list(range(n_samples)), num_replicas=world_size, rank=rank, shuffle=True, seed=0)
+    return [list(sampler) for _ in range(epochs)]
+
+
+def _shards_with_rank_0_everywhere(n_samples, rank, world_size, epochs):
+    sampler = DistributedSampler(list(range(n_samples)), num_replicas=world_size, rank=0, shuffle=True, seed=0)
+    orders = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return orders
+
+
+def _save_on_every_rank(model, path, rank, barrier):
+    torch.save(model.state_dict(), path)
+    barrier()
+
+
+def _barrier_before_rank_0_saves(model, path, rank, barrier):
+    barrier()
+    if rank == 0:
+        torch.save(model.state_dict(), path)
+
+
+def _barrier_on_rank_0_only(model, path, rank, barrier):
+    if rank == 0:
+        torch.save(model.state_dict(), path)
+        barrier()
+
+
+def _no_sync_on_every_micro_batch(ddp_model, micro_batches, loss_fn, optimizer):
+    optimizer.zero_grad()
+    with ddp_model.no_sync():
+        for inputs, targets in micro_batches:
+            (loss_fn(ddp_model(inputs), targets) / len(micro_batches)).backward()
+    optimizer.step()
+
+
+def _loss_not_divided(ddp_model, micro_batches, loss_fn, optimizer):
+    optimizer.zero_grad()
+    for i, (inputs, targets) in enumerate(micro_batches):
+        if i < len(micro_batches) - 1:
+            with ddp_model.no_sync():
+                loss_fn(ddp_model(inputs), targets).backward()
+        else:
+            loss_fn(ddp_model(inputs), targets).backward()
+    optimizer.step()
+
+
+def _padded_eval_shard(n_samples, rank, world_size):
+    return list(DistributedSampler(list(range(n_samples)), num_replicas=world_size, rank=rank, shuffle=False))
+
+
+@pytest.mark.parametrize("name", ["epoch_shards", "save_checkpoint_once", "accumulate_no_sync", "eval_shard"])
+def test_each_reference_passes_its_check(name, learner):
+    assert getattr(course_utils, f"check_{name}")(reference(name))
+
+
+@pytest.mark.parametrize("name, buggy, observed", [
+    ("epoch_shards", _shards_without_set_epoch, "same order in every epoch"),
+    ("epoch_shards", _shards_with_rank_0_everywhere, "ranks 0 and 1 both visited"),
+    ("save_checkpoint_once", _save_on_every_rank, "rank 1 wrote the checkpoint"),
+    ("save_checkpoint_once", _barrier_before_rank_0_saves, "before the file existed"),
+    ("save_checkpoint_once", _barrier_on_rank_0_only, "rank 1 never called barrier()"),
+    ("accumulate_no_sync", _no_sync_on_every_micro_batch, "0 times"),
+    ("accumulate_no_sync", _loss_not_divided, "weights differ"),
+    ("eval_shard", _padded_eval_shard, "evaluated more than once"),
+])
+def test_each_planted_bug_is_rejected_with_what_the_check_saw(name, buggy, observed, learner):
+    verdict = getattr(course_utils, f"check_{name}")(buggy)
+    assert not verdict and observed in str(verdict)
+
+
+def test_a_check_reports_an_exception_instead_of_raising(learner):
+    def broken(*args):
+        raise KeyError("oops")
+    for name in ("epoch_shards", "save_checkpoint_once", "accumulate_no_sync", "eval_shard"):
+        verdict = getattr(course_utils, f"check_{name}")(broken)
+        assert not verdict and "KeyError" in str(verdict)
+    assert not torch.distributed.is_initialized()
