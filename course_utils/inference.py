@@ -1,8 +1,12 @@
 """Chapter 6: measuring inference honestly — precision, torch.compile, ONNX verified with ONNX Runtime."""
 from __future__ import annotations
 
+import copy
 import logging
+import math
 import os
+import re
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -20,6 +24,7 @@ from torch.utils import benchmark as torch_benchmark
 from course_utils import _checks
 from course_utils._display import ReadableResult
 from course_utils.environment import cpp_compiler, hardware_summary
+from course_utils.exercises import Verdict, reference_solution, report_check
 
 
 # --- timing --------------------------------------------------------------------------------
@@ -43,6 +48,15 @@ class BenchmarkTable(ReadableResult):
 
     def __getitem__(self, name: str) -> BenchmarkRow:
         return next(row for row in self.rows if row.name == name)
+
+    def verdict(self, name: str, baseline: str | None = None) -> str:
+        """`name` against `baseline` (default: the first row) in words: "1.40x faster", "0.70x the speed (slower)",
+        or "no significant difference" when the medians differ by less than the larger IQR."""
+        row, base = self[name], self[baseline] if baseline else self.rows[0]
+        ratio = base.median_s / row.median_s
+        if abs(row.median_s - base.median_s) <= max(row.iqr_s, base.iqr_s):
+            return f"no significant difference ({ratio:.2f}x, within the IQR)"
+        return f"{ratio:.2f}x faster" if ratio > 1 else f"{ratio:.2f}x the speed (slower)"
 
     def __str__(self) -> str:
         width = max(len(r.name) for r in self.rows)
@@ -227,9 +241,11 @@ def export_onnx(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], path
     `eval()` mode, and validate the file with `onnx.checker`.
 
     `dynamic_batch` marks dimension 0 of every input as dynamic (`dynamic_shapes` with a
-    `torch.export.Dim`); without it the file accepts only the example's batch size. The weights
-    are embedded in the one `.onnx` file (`external_data=False`) so it cannot be separated from
-    them; above 2 GB (protobuf's limit) they would have to go to a `.onnx.data` side file.
+    `torch.export.Dim`; a batch-1 example works too); without it the file accepts only the example's
+    batch size. If the exported graph holds only for a bounded range of batch sizes (forward branches
+    on `x.shape[0]`, which the exporter bakes in silently), the file is deleted and ValueError raised.
+    The weights are embedded in the one `.onnx` file (`external_data=False`) so it cannot be separated
+    from them; above 2 GB (protobuf's limit) they would have to go to a `.onnx.data` side file.
     """
     import onnx
 
@@ -237,22 +253,47 @@ def export_onnx(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], path
     path = _checks.writable_file(path, "path")
     if isinstance(example_inputs, torch.Tensor):
         raise TypeError("example_inputs must be a tuple of tensors, e.g. (x,)")
-    if dynamic_batch and any(x.shape[0] == 1 for x in example_inputs):
-        raise ValueError("use an example batch of 2 or more with dynamic_batch=True: "
-                         "torch.export specialises a dimension of size 1")
     dynamic_shapes = tuple({0: torch.export.Dim("batch")} for _ in example_inputs) if dynamic_batch else None
     path.parent.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     model.eval()
     try:
         with _quiet_exporter():
-            torch.onnx.export(model, tuple(example_inputs), str(path), input_names=list(input_names),
-                              output_names=list(output_names), dynamic_shapes=dynamic_shapes,
-                              external_data=False, verbose=False)
+            program = torch.onnx.export(model, tuple(example_inputs), str(path), input_names=list(input_names),
+                                        output_names=list(output_names), dynamic_shapes=dynamic_shapes,
+                                        external_data=False, verbose=False)
+    except Exception as error:   # a 30-line report with colour codes: keep its key line, chain the rest
+        raise RuntimeError(f"torch.onnx.export failed: {_key_line(str(error))}") from error
     finally:
         model.train(was_training)
+    bounded = _bounded_dynamic_dims(program.exported_program)
+    if dynamic_batch and bounded:
+        path.unlink()
+        raise ValueError(f"the exported graph is only valid for batch sizes {bounded}: forward branches on the "
+                         "batch size (Python `if` on x.shape), and the exporter kept one branch; move the "
+                         "branch to the caller or write it with torch.cond (file not written)")
     onnx.checker.check_model(str(path))
     return path
+
+
+def _key_line(report: str) -> str:
+    """The line under the exporter's "## Exception summary" (else its first line), without ANSI codes."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", report).splitlines()]
+    if "## Exception summary" in lines:
+        following = lines[lines.index("## Exception summary") + 1:]
+        return next((line for line in following if line), lines[0])
+    return next((line for line in lines if line), "")
+
+
+def _bounded_dynamic_dims(exported: torch.export.ExportedProgram) -> str:
+    """The range of each dynamic dimension with a finite upper bound, e.g. "from 0 to 10", or "".
+
+    When `torch.export` cannot honour a `Dim` (a Python branch on the shape), `torch.onnx.export` falls
+    back to a non-strict trace without an error; the branch taken is then baked in, and the only trace
+    of it is the bounded range left in `range_constraints`."""
+    ranges = [f"from {r.lower} to {r.upper}" for r in exported.range_constraints.values()
+              if not math.isinf(float(r.upper))]
+    return ", ".join(ranges)
 
 
 def onnx_session(path: str | Path, *, threads: int | None = None):
@@ -339,3 +380,238 @@ def verify_onnx(model: nn.Module, path: str | Path, inputs_list: Sequence[tuple[
         model.train(was_training)
     return OnnxVerification(all(r.passed for r in rows), max(r.max_abs_error for r in rows),
                             float(np.mean([r.mean_abs_error for r in rows])), rows)
+
+
+# --- exercises -----------------------------------------------------------------------------
+
+def _raised(error: Exception, limit: int = 160) -> str:
+    """The first line of an exception, in the learner's terms."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"your function raised {type(error).__name__}: {first[:limit]}"
+
+
+def _seeded_classifier(seed: int) -> nn.Module:
+    """(N, 8) -> (N, 3), seeded."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+@reference_solution("export_for_any_batch", chapter=6)
+def _export_for_any_batch(model: nn.Module, path: str) -> None:
+    torch.onnx.export(model, (torch.randn(4, 8),), path, input_names=["input"], output_names=["output"],
+                      dynamic_shapes=({0: torch.export.Dim("batch")},), dynamo=True, external_data=False)
+
+
+def check_export_for_any_batch(fn: Callable) -> Verdict:
+    """Exercise: `fn(model, path)` writes an ONNX file of `model` ((N, 8) -> (N, 3)) that, copied alone to
+    another folder (as to a server), ONNX Runtime runs at batch 1, 5 and 64 with the model's outputs."""
+    import onnxruntime as ort
+
+    model = _seeded_classifier(seed=6).eval()
+    passed, observed = False, None
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as server:
+        path = Path(folder) / "model.onnx"
+        try:
+            with _quiet_exporter():
+                returned = fn(model, str(path))
+        except Exception as error:
+            observed = _raised(error)
+        else:
+            if path.exists():
+                shipped = Path(server) / path.name
+                shipped.write_bytes(path.read_bytes())       # only the .onnx file travels
+                try:
+                    session = ort.InferenceSession(str(shipped), providers=["CPUExecutionProvider"])
+                except Exception as error:
+                    side_files = sorted(f.name for f in Path(folder).iterdir() if f != path)
+                    observed = ("copied alone to another folder, model.onnx did not load in ONNX Runtime"
+                                + (f": it needs {', '.join(side_files)}, which stayed behind" if side_files
+                                   else f" ({type(error).__name__})"))
+                else:
+                    observed = _first_batch_mismatch(session, model, batch_sizes=(1, 5, 64), features=8)
+                    passed = observed is None
+            elif returned is not None:               # `...` returns None and writes nothing: not an attempt
+                observed = "no file was written at `path`"
+    return report_check("export_for_any_batch", passed, observed,
+                        ["the check copies only the .onnx file, as a deployment would; look at what else your "
+                         "export wrote next to it",
+                         "compare the input shape ONNX Runtime expects (session.get_inputs()[0].shape) with "
+                         "the shapes you want it to accept: which dimension is the batch?"])
+
+
+def _first_batch_mismatch(session, model: nn.Module, batch_sizes: Sequence[int], features: int) -> str | None:
+    """None if the session matches `model` at every batch size, else what went wrong at the first that did not."""
+    name = session.get_inputs()[0].name
+    generator = torch.Generator().manual_seed(0)
+    for n in batch_sizes:
+        x = torch.randn(n, features, generator=generator)
+        try:
+            got = session.run(None, {name: x.numpy()})
+        except Exception as error:
+            first = (str(error).strip().splitlines() or [""])[0]
+            return (f"ONNX Runtime rejected a batch of {n} (the file expects input shape "
+                    f"{session.get_inputs()[0].shape}): {first[:120]}")
+        with torch.no_grad():
+            want = model(x).numpy()
+        if got[0].shape != want.shape or not np.allclose(got[0], want, rtol=1e-3, atol=1e-4):
+            gap = np.abs(got[0] - want).max() if got[0].shape == want.shape else float("inf")
+            return f"at batch {n} the file's outputs differ from the model's by up to {gap:.3f}"
+    return None
+
+
+class _SoftmaxForLargeBatches(nn.Module):
+    """(N, 8) -> (N, 3): logits for up to 10 samples, probabilities above (a branch on the batch size)."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.body(x)
+        if x.shape[0] > 10:
+            return logits.softmax(-1)
+        return logits
+
+
+@reference_solution("onnx_matches_torch", chapter=6)
+def _onnx_matches_torch(model: nn.Module, path: str) -> bool:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for n in range(1, 65):
+        x = torch.randn(n, 8)
+        got = session.run(None, {"input": x.numpy()})[0]
+        with torch.no_grad():
+            want = model(x)
+        if not np.allclose(got, want.numpy(), rtol=1e-3, atol=1e-4):
+            return False
+    return True
+
+
+def check_onnx_matches_torch(fn: Callable) -> Verdict:
+    """Exercise: `fn(model, path)` says whether the ONNX file at `path` gives `model`'s outputs (within
+    1e-4) at every batch size from 1 to 64. Asked about a correct file, a file that is wrong above
+    batch 10 (a shape branch baked in at export) and a file whose outputs are off by 0.01."""
+    model = _seeded_classifier(seed=7).eval()
+    branched = _SoftmaxForLargeBatches(model).eval()
+    shifted = copy.deepcopy(model)
+    with torch.no_grad():
+        shifted[-1].bias += 0.01
+    dynamic = ({0: torch.export.Dim("batch")},)
+    cases = [(model, model, True, "a correct file"),
+             (branched, branched, False, "a file that is wrong for every batch above 10"),
+             (model, shifted, False, "a file whose outputs are all 0.01 off (you were asked for 1e-4)")]
+    observed = None
+    with tempfile.TemporaryDirectory() as folder:
+        for index, (truth, exported, expected, what) in enumerate(cases):
+            path = str(Path(folder) / f"case{index}.onnx")
+            with _quiet_exporter():
+                torch.onnx.export(exported, (torch.randn(2, 8),), path, input_names=["input"],
+                                  output_names=["output"], dynamic_shapes=dynamic, dynamo=True, external_data=False)
+            try:
+                answer = fn(truth, path)
+            except Exception as error:
+                observed = _raised(error)
+                break
+            if answer is None:
+                break                       # `...`: not attempted
+            if bool(answer) != expected:
+                observed = f"asked about {what}, it answered {answer!r}"
+                break
+        else:
+            return report_check("onnx_matches_torch", True, None, [])
+    return report_check("onnx_matches_torch", False, observed,
+                        ["which batch sizes does your function actually try? The task says every one from 1 to 64.",
+                         "how far apart may two numbers be and still count as equal under your tolerance?"])
+
+
+@reference_solution("clipped_forward", chapter=6)
+def _clipped_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    h = layer(x)
+    limit = 3 * h.std()
+    return torch.clamp(h, -limit, limit)
+
+
+def check_clipped_forward(fn: Callable) -> Verdict:
+    """Exercise: `fn(layer, x)` returns `layer(x)` clipped to +-3 standard deviations of all its values,
+    (N, D) -> (N, D), and compiles as one graph: `torch.compile(fn, fullgraph=True)` accepts it."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(8)
+        layer, x = nn.Linear(6, 6), torch.randn(32, 6)
+    x[0] *= 40                                         # one outlier row, so the clipping matters
+    want = _clipped_forward(layer, x).detach()
+    passed, observed = False, None
+    try:
+        got = fn(layer, x)
+    except Exception as error:
+        got, observed = None, _raised(error)
+    if got is not None:
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            observed = (f"it returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))}, "
+                        f"expected a tensor {tuple(want.shape)}")
+        elif not torch.allclose(got.detach(), want, rtol=1e-4, atol=1e-5):
+            gap = (got.detach() - want).abs().max().item()
+            observed = f"its outputs differ from clipping at 3 standard deviations by up to {gap:.3f}"
+        else:
+            torch._dynamo.reset()
+            try:
+                torch.compile(fn, fullgraph=True, backend="eager")(layer, x)
+            except Exception as error:
+                message = (str(error).strip().splitlines() or [""])[0]
+                observed = f"the outputs are right, but torch.compile(fullgraph=True) refused it: {message[:160]}"
+            else:
+                passed = True
+            finally:
+                torch._dynamo.reset()
+    return report_check("clipped_forward", passed, observed,
+                        ["each refusal names one thing Dynamo cannot put in a graph; there may be more than one",
+                         "a Python `if` needs a True or False while tracing, which the values of `h` cannot give; "
+                         "what does clamping do to values that are already inside the limits?"])
+
+
+@reference_solution("count_graph_breaks", chapter=6)
+def _count_graph_breaks(model: nn.Module, x: torch.Tensor) -> int:
+    return torch._dynamo.explain(model)(x).graph_break_count
+
+
+class _Breaks(nn.Module):
+    """(N, 4) -> (N, 4) through 3 linear layers, with `breaks` (0 to 2) explicit graph breaks between them."""
+
+    def __init__(self, breaks: int):
+        super().__init__()
+        self.first, self.second, self.third, self.breaks = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), breaks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        if self.breaks >= 1:                  # a Python attribute, not a tensor: no break by itself
+            torch._dynamo.graph_break()
+        x = self.second(x)
+        if self.breaks >= 2:
+            torch._dynamo.graph_break()
+        return self.third(x)
+
+
+def check_count_graph_breaks(fn: Callable) -> Verdict:
+    """Exercise: `fn(model, x)` returns how many graph breaks `torch.compile` meets in `model(x)`;
+    tried on models with 0 and 2 breaks."""
+    observed = None
+    for breaks in (2, 0):
+        torch._dynamo.reset()
+        try:
+            answer = fn(_Breaks(breaks).eval(), torch.randn(3, 4))
+        except Exception as error:
+            observed = _raised(error)
+            break
+        finally:
+            torch._dynamo.reset()
+        if answer is None:
+            break                           # `...`: not attempted
+        if answer != breaks:
+            observed = f"for a model with {breaks} graph break{'s' * (breaks != 1)} it returned {answer!r}"
+            break
+    else:
+        return report_check("count_graph_breaks", True, None, [])
+    return report_check("count_graph_breaks", False, observed,
+                        ["Dynamo can explain what it would compile for one call, without compiling anything",
+                         "that explanation counts graphs and graph breaks separately: which one was asked for?"])

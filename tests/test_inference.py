@@ -1,10 +1,13 @@
 """Chapter 6: benchmark, precision choice, torch.compile helpers, ONNX export and verification."""
+import numpy as np
 import onnx
 import pytest
 import torch
 from torch import nn
 
-from course_utils import inference
+from course_utils import (check_clipped_forward, check_count_graph_breaks, check_export_for_any_batch,
+                          check_onnx_matches_torch, inference)
+from course_utils.exercises import reference
 from course_utils.inference import (benchmark, choose_autocast, count_compilations, export_onnx, try_compile,
                                     verify_onnx)
 from course_utils.models import mlp
@@ -109,12 +112,49 @@ def test_a_model_that_differs_from_the_file_fails_verification(model, tmp_path):
     assert not result.passed and result.max_abs_error > 1e-3
 
 
+def test_a_batch_1_example_exports_a_dynamic_batch_axis(model, tmp_path):
+    """torch 2.13 keeps a Dim on a size-1 example dynamic: what most people pass is accepted."""
+    path = export_onnx(model, (torch.randn(1, 16),), tmp_path / "one.onnx")
+    assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    assert verify_onnx(model, path, [(torch.randn(n, 16),) for n in (1, 7, 64)]).passed
+
+
+class ShapeBranch(nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return self.body(x).softmax(-1) if x.shape[0] > 10 else self.body(x)
+
+
+def test_a_branch_on_the_batch_size_is_refused_at_export_not_baked_in(model, tmp_path):
+    branched = ShapeBranch(model).eval()
+    plain = tmp_path / "plain.onnx"                    # what the exporter alone does: no error, one branch
+    torch.onnx.export(branched, (torch.randn(2, 16),), str(plain), input_names=["input"], dynamo=True,
+                      dynamic_shapes=({0: torch.export.Dim("batch")},), external_data=False, verbose=False)
+    result = verify_onnx(branched, plain, [(torch.randn(n, 16),) for n in (2, 8, 11, 64)])
+    assert [row.passed for row in result.rows] == [True, True, False, False]
+    with pytest.raises(ValueError, match="only valid for batch sizes from 0 to 10"):
+        export_onnx(branched, (torch.randn(2, 16),), tmp_path / "refused.onnx")
+    assert not (tmp_path / "refused.onnx").exists()
+
+
+def test_benchmark_verdict_says_no_significant_difference_within_the_iqr():
+    rows = [inference.BenchmarkRow("eager", 0.1, 1.00e-3, 0.10e-3, 1.0),
+            inference.BenchmarkRow("close", 0.1, 0.95e-3, 0.08e-3, 1.05),
+            inference.BenchmarkRow("fast", 0.1, 0.50e-3, 0.05e-3, 2.0),
+            inference.BenchmarkRow("slow", 0.1, 2.00e-3, 0.10e-3, 0.5)]
+    table = inference.BenchmarkTable(rows, "test", 1)
+    assert table.verdict("close").startswith("no significant difference")
+    assert table.verdict("fast") == "2.00x faster" and table.verdict("slow") == "0.50x the speed (slower)"
+    assert table.verdict("eager", baseline="fast") == "0.50x the speed (slower)"
+
+
 def test_export_restores_training_mode_and_rejects_bad_examples(tmp_path):
     model = mlp([16, 4], dropout=0.5).train()
     export_onnx(model, (torch.randn(2, 16),), tmp_path / "m.onnx")
     assert model.training
-    with pytest.raises(ValueError, match="batch of 2 or more"):
-        export_onnx(model, (torch.randn(1, 16),), tmp_path / "one.onnx")
     with pytest.raises(TypeError, match="tuple of tensors"):
         export_onnx(model, torch.randn(2, 16), tmp_path / "t.onnx")
     with pytest.raises(ValueError, match="inputs_list is empty"):
@@ -132,3 +172,74 @@ def test_a_compiled_model_called_like_eager_does_not_recompile(model):
         compiled(x)
     assert compiled.compiled and counter.frame_count == 1
     torch._dynamo.reset()
+
+
+# --- exercises: the reference passes; each planted bug, left alone, is rejected ------------
+
+def _export(model, path, dim=0, external_data=False):
+    torch.onnx.export(model, (torch.randn(4, 8),), path, input_names=["input"], output_names=["output"],
+                      dynamic_shapes=({dim: torch.export.Dim("batch")},), dynamo=True, external_data=external_data)
+
+
+def test_export_for_any_batch_rejects_each_planted_bug(learner):
+    assert check_export_for_any_batch(reference("export_for_any_batch"))
+    batch_baked_in = check_export_for_any_batch(lambda model, path: _export(model, path, dim=1))
+    assert not batch_baked_in and "rejected a batch of 1" in str(batch_baked_in)
+    weights_apart = check_export_for_any_batch(lambda model, path: _export(model, path, external_data=True))
+    assert not weights_apart and "it needs model.onnx.data, which stayed behind" in str(weights_apart)
+    assert "not attempted" in str(check_export_for_any_batch(lambda model, path: None))
+
+
+def _matches(batch_sizes, atol):
+    def onnx_matches_torch(model, path):
+        import onnxruntime as ort
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        for n in batch_sizes:
+            x = torch.randn(n, 8)
+            got = session.run(None, {"input": x.numpy()})[0]
+            with torch.no_grad():
+                want = model(x)
+            if not np.allclose(got, want.numpy(), rtol=1e-3, atol=atol):
+                return False
+        return True
+    return onnx_matches_torch
+
+
+def test_onnx_matches_torch_rejects_each_planted_bug(learner):
+    assert check_onnx_matches_torch(reference("onnx_matches_torch"))
+    two_sizes = check_onnx_matches_torch(_matches((2, 8), atol=1e-4))
+    assert not two_sizes and "wrong for every batch above 10" in str(two_sizes)
+    loose = check_onnx_matches_torch(_matches(range(1, 65), atol=1e-1))
+    assert not loose and "0.01 off" in str(loose)
+    assert "not attempted" in str(check_onnx_matches_torch(lambda model, path: None))
+
+
+def test_clipped_forward_rejects_each_planted_bug(learner):
+    assert check_clipped_forward(reference("clipped_forward"))
+
+    def with_if(layer, x):
+        h = layer(x)
+        limit = 3 * h.std()
+        if (h.abs() > limit).any():
+            h = h.clamp(-limit, limit)
+        return h
+
+    def with_print(layer, x):
+        h = layer(x)
+        limit = 3 * h.std()
+        print("clipping")
+        return torch.clamp(h, -limit, limit)
+
+    def without_clipping(layer, x):
+        return layer(x)
+    for buggy in (with_if, with_print):
+        verdict = check_clipped_forward(buggy)
+        assert not verdict and "fullgraph=True) refused it" in str(verdict)
+    assert "differ from clipping" in str(check_clipped_forward(without_clipping))
+
+
+def test_count_graph_breaks_checks_the_count(learner):
+    assert check_count_graph_breaks(reference("count_graph_breaks"))
+    graphs = check_count_graph_breaks(lambda model, x: torch._dynamo.explain(model)(x).graph_count)
+    assert not graphs and "with 2 graph breaks it returned 3" in str(graphs)
+    assert "not attempted" in str(check_count_graph_breaks(lambda model, x: None))
