@@ -16,10 +16,12 @@ from torch import nn
 
 
 def kill_while_saving(path: str | Path, *, atomic: bool = True, megabytes: int = 128,
-                      delay_s: float = 0.02, timeout_s: float = 60.0) -> int:
+                      delay_s: float = 0.02, after_bytes: int = 0, timeout_s: float = 60.0) -> int:
     """Start a child that writes a ~`megabytes` MB checkpoint of all-2.0 weights to `path` in a
     loop (with `save_checkpoint` if `atomic`, else a bare `torch.save`), wait until it announces
-    a write, wait `delay_s` more, then SIGKILL it. Returns the child's exit code (-9)."""
+    a write, wait `delay_s` more (plain writes: and until `path` holds at least `after_bytes`
+    bytes, so the kill lands in the middle of the data), then SIGKILL it. Returns the child's exit
+    code (-9)."""
     mode = "atomic" if atomic else "plain"
     child = subprocess.Popen([sys.executable, "-m", "course_utils.interrupted_save", str(path),
                               "--mode", mode, "--megabytes", str(megabytes)],
@@ -30,6 +32,10 @@ def kill_while_saving(path: str | Path, *, atomic: bool = True, megabytes: int =
             if child.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the writer exited or stalled before writing (exit code {child.poll()})")
         time.sleep(delay_s)
+        while not atomic and Path(path).stat().st_size < after_bytes:
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the writer exited or stalled before writing {after_bytes} bytes")
+            time.sleep(0.001)
     finally:
         child.kill()  # SIGKILL: no cleanup, no finally blocks, no flush
         child.wait()

@@ -25,6 +25,9 @@ def _check_types(kind: object, base: type) -> None:
         raise TypeError(f"expected a {base.__name__} subclass (or a tuple of them), got {kind!r}")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")   # terminal colour codes some PyTorch messages carry
+
+
 def key_line(message: str, width: int = 160) -> str:
     """The part of a long warning or error a learner needs: its first sentence, with a note of
     how much was left out (the whole text stays in `Caught.value`)."""
@@ -52,7 +55,7 @@ def expect_error(exc_type: type[BaseException] | tuple[type[BaseException], ...]
         yield caught
     except exc_type as exc:  # type: ignore[misc]
         message = str(exc)
-        shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+        shown = _ANSI.sub("", "".join(traceback.format_exception_only(type(exc), exc)).rstrip())
         # keep the exception but not its frames: they would keep the failed code's tensors
         # alive (after a CUDA OOM, exactly the memory you want back)
         caught.value = exc.with_traceback(None)

@@ -8,6 +8,11 @@ it is given; the two histories are then compared step by step — parameters and
 before the step, learning rate and scheduler position, the batch it received, the random streams,
 the loss — and at the end bit for bit. A mismatch names what differed first and at which step.
 
+A fresh process is, on Linux, a fork of a server process that has imported torch and
+course_utils and run nothing else (started once, on the first call), so a run costs no import time;
+elsewhere a new interpreter. The uninterrupted and stopped runs are reused across calls that differ
+only in `resume_options`.
+
 Your function (importable: "package.module:function" or "path/to/file.py:function"):
 
     def run(probe: ResumeProbe) -> None:
@@ -25,15 +30,19 @@ Your function (importable: "package.module:function" or "path/to/file.py:functio
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,28 +209,113 @@ def _load_target(target: str) -> Callable[[ResumeProbe], None]:
 
 
 def _run_in_fresh_process(target: str, probe_args: dict, cwd: Path) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
-        record = Path(out.name)
-    try:
-        done = subprocess.run([sys.executable, "-m", "course_utils.resume", target, json.dumps(probe_args), str(record)],
-                              cwd=cwd, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                  filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))})
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines()
+    """One run of `target` in a new process; returns its record. On Linux the process is forked from a
+    server process that has imported torch and course_utils and run nothing else (so no import cost per
+    run); elsewhere (macOS frameworks are not fork-safe, Windows has no fork) it is a new interpreter."""
+    with tempfile.TemporaryDirectory(prefix="check_resume-run-") as folder:
+        record, failure = Path(folder) / "record.json", Path(folder) / "failure.txt"
+        if sys.platform.startswith("linux"):
+            failed = _fork_server().run(target=target, probe_args=probe_args, record=str(record),
+                                        failure=str(failure), cwd=str(cwd)) != 0
+            lines = failure.read_text().splitlines() if failure.exists() else ["the run was killed"]
+        else:
+            done = subprocess.run([sys.executable, "-m", "course_utils.resume", target, json.dumps(probe_args),
+                                   str(record)], cwd=cwd, capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                      filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))})
+            failed, lines = done.returncode != 0, done.stderr.strip().splitlines()
+        if failed:
             raise RuntimeError(f"the training function failed in the {probe_args['label']} run:\n"
                                + "\n".join(lines[-12:]))
         return json.loads(record.read_text())
+
+
+_SERVER_LOOP = """
+import json, os, signal, sys
+import course_utils.resume, torch._dynamo      # what every run imports (the optimizer imports dynamo)
+signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C in the notebook stops the run, not the server
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.dup2(2, 1)                          # the run's prints go to stderr; stdout answers the parent
+        os._exit(course_utils.resume._forked_run(**json.loads(line)))
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+class _ForkServer:
+    """A Python process that has imported torch and course_utils; each run is a fork of it."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", _SERVER_LOOP], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+
+    def run(self, **request: str | dict) -> int:
+        """Fork one run, wait for it; its exit code."""
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline()
+            if not answer:
+                raise RuntimeError("the check_resume server process exited; run the check again")
+            return int(answer)
+        except BaseException:
+            self.process.kill()         # interrupted mid-run: the next call starts a new server
+            self.process.wait()
+            raise
+
+    def close(self) -> None:
+        self.process.stdin.close()          # the loop ends at end of input
+        self.process.wait()
+
+
+_SERVER: list[_ForkServer] = []
+
+
+def _fork_server() -> _ForkServer:
+    if not _SERVER or _SERVER[0].process.poll() is not None:
+        _SERVER[:] = [_ForkServer()]
+        atexit.register(_SERVER[0].close)
+    return _SERVER[0]
+
+
+def _forked_run(target: str, probe_args: dict, record: str, failure: str, cwd: str) -> int:
+    """The body of a forked run, started as a new interpreter would be: in `cwd`, with fresh random seeds
+    (Python's `random` reseeds itself on fork; NumPy is seeded from the OS here). Returns the exit code."""
+    os.chdir(cwd)
+    sys.path.insert(0, cwd)
+    np.random.seed()
+    signal.alarm(600)           # a run that hangs is killed, as the subprocess timeout does elsewhere
+    try:
+        _run(target, probe_args, Path(record))
+    except BaseException:
+        Path(failure).write_text(traceback.format_exc())
+        return 1
     finally:
-        record.unlink(missing_ok=True)
+        gc.collect()            # shut down DataLoader workers before os._exit
+    return 0
+
+
+def _run(target: str, probe_args: dict, record: Path) -> None:
+    spec = dict(probe_args)
+    sys.path.insert(0, spec.pop("pythonpath"))
+    probe = ResumeProbe(steps=spec["steps"], stop_at=spec["stop_at"], checkpoint=Path(spec["checkpoint"]),
+                        resuming=spec["resuming"], options=spec["options"])
+    _load_target(target)(probe)
+    record.write_text(json.dumps({"records": probe.records, "final": probe.final}))
 
 
 def check_resume(target: str, *, steps: int, stop_at: int, options: dict[str, Any] | None = None,
+                 resume_options: dict[str, Any] | None = None,
                  workdir: str | os.PathLike | None = None) -> ResumeReport:
     """Run `target` uninterrupted for `steps` steps, then stopped after `stop_at` steps and resumed in a
     fresh process from its checkpoint, and compare the two runs step by step (see the module doc).
 
-    options: passed to your function as `probe.options` (e.g. to switch a planted bug on).
+    options: passed to your function as `probe.options` in every run (e.g. to switch a planted bug on).
+    resume_options: added to `options` in the resumed run only (e.g. a planted resume bug). The
+    uninterrupted and stopped runs are then reused by later calls with the same unchanged script,
+    `steps`, `stop_at` and `options`, so checking several resume variants costs one process each.
     workdir: where the runs start and the checkpoint is written (default: a temporary folder);
     a relative script path in `target` is taken from the current folder.
     """
@@ -231,24 +325,50 @@ def check_resume(target: str, *, steps: int, stop_at: int, options: dict[str, An
     if where.endswith(".py"):
         target = f"{Path(where).resolve()}:{target.rpartition(':')[2]}"
     _load_target(target)                    # a wrong module, file or function name fails here, before any run
-    cwd = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="check_resume-"))
-    cwd.mkdir(parents=True, exist_ok=True)
-    common = {"steps": steps, "checkpoint": str(cwd / "resume_check.pt"), "options": options or {},
-              "pythonpath": os.getcwd()}
-    straight = _run_in_fresh_process(target, {**common, "stop_at": None, "resuming": False, "label": "uninterrupted"}, cwd)
-    stopped = _run_in_fresh_process(target, {**common, "stop_at": stop_at, "resuming": False, "label": "stopped"}, cwd)
-    if not Path(common["checkpoint"]).exists():
-        raise RuntimeError(f"the stopped run returned without writing probe.checkpoint ({common['checkpoint']})")
-    if [r["step"] for r in stopped["records"]] != list(range(stop_at)):
-        raise RuntimeError(f"the stopped run should report steps 0..{stop_at - 1} and return; it reported "
-                           f"{[r['step'] for r in stopped['records']]}")
-    difference, step = _compare(straight, {"records": stopped["records"], "final": None}, 0, prefix_only=True)
-    if difference:                      # not a resume problem: two fresh runs already disagree
-        return ResumeReport(False, steps, stop_at, "the job is not reproducible: two fresh runs differ before any "
-                            f"resume ({difference}); seed Python, NumPy and torch at the start (seed_everything)", step)
-    resumed = _run_in_fresh_process(target, {**common, "stop_at": None, "resuming": True, "label": "resumed"}, cwd)
+    key = (target, _source_digest(target), steps, stop_at, json.dumps(options or {}, sort_keys=True, default=repr))
+    reused = _REFERENCE_RUNS.get(key) if workdir is None else None
+    if reused is None:
+        cwd = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="check_resume-"))
+        cwd.mkdir(parents=True, exist_ok=True)
+        common = {"steps": steps, "checkpoint": str(cwd / "resume_check.pt"), "options": options or {},
+                  "pythonpath": os.getcwd()}
+        straight = _run_in_fresh_process(target, {**common, "stop_at": None, "resuming": False,
+                                                  "label": "uninterrupted"}, cwd)
+        stopped = _run_in_fresh_process(target, {**common, "stop_at": stop_at, "resuming": False,
+                                                 "label": "stopped"}, cwd)
+        if not Path(common["checkpoint"]).exists():
+            raise RuntimeError(f"the stopped run returned without writing probe.checkpoint ({common['checkpoint']})")
+        if [r["step"] for r in stopped["records"]] != list(range(stop_at)):
+            raise RuntimeError(f"the stopped run should report steps 0..{stop_at - 1} and return; it reported "
+                               f"{[r['step'] for r in stopped['records']]}")
+        difference, step = _compare(straight, {"records": stopped["records"], "final": None}, 0, prefix_only=True)
+        if difference:                      # not a resume problem: two fresh runs already disagree
+            return ResumeReport(False, steps, stop_at, "the job is not reproducible: two fresh runs differ before "
+                                f"any resume ({difference}); seed Python, NumPy and torch at the start "
+                                "(seed_everything)", step)
+        reused = _REFERENCE_RUNS[key] = (cwd, common, straight, Path(common["checkpoint"]).read_bytes())
+    cwd, common, straight, checkpoint = reused
+    Path(common["checkpoint"]).write_bytes(checkpoint)        # as the stopped run left it
+    resumed = _run_in_fresh_process(target, {**common, "options": {**common["options"], **(resume_options or {})},
+                                             "stop_at": None, "resuming": True, "label": "resumed"}, cwd)
     difference, step = _compare(straight, resumed, stop_at)
     return ResumeReport(not difference, steps, stop_at, difference, step)
+
+
+# (target, its source's digest, steps, stop_at, options) -> (folder, run arguments, uninterrupted record,
+# the stopped run's checkpoint bytes)
+_REFERENCE_RUNS: dict[tuple, tuple[Path, dict, dict, bytes]] = {}
+
+
+def _source_digest(target: str) -> str:
+    """A hash of the file that defines `target`, so an edited script is run afresh."""
+    where = target.rpartition(":")[0]
+    if where.endswith(".py"):
+        path = Path(where)
+    else:
+        spec = importlib.util.find_spec(where)
+        path = Path(spec.origin) if spec is not None and spec.origin else None
+    return hashlib.sha1(path.read_bytes()).hexdigest() if path is not None and path.is_file() else ""
 
 
 def _main() -> None:
@@ -257,13 +377,7 @@ def _main() -> None:
     parser.add_argument("probe")
     parser.add_argument("record")
     args = parser.parse_args()
-    spec = json.loads(args.probe)
-    sys.path.insert(0, spec.pop("pythonpath"))
-    spec.pop("label")
-    probe = ResumeProbe(steps=spec["steps"], stop_at=spec["stop_at"], checkpoint=Path(spec["checkpoint"]),
-                        resuming=spec["resuming"], options=spec["options"])
-    _load_target(args.target)(probe)
-    Path(args.record).write_text(json.dumps({"records": probe.records, "final": probe.final}))
+    _run(args.target, json.loads(args.probe), Path(args.record))
 
 
 if __name__ == "__main__":

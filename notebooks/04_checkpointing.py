@@ -15,27 +15,39 @@
 # %% [markdown]
 # # Chapter 4 — Checkpoints that survive crashes and resume exactly
 #
-# **You will be able to:** save what can be loaded safely (`state_dict`, not the pickled model); write a
-# checkpoint that resumes training **bit for bit**; load a GPU checkpoint on a laptop; load weights whose
-# keys or shapes don't match without hiding problems; and save so that a crash never costs you the last
-# good checkpoint.
+# **You will be able to:** save what can be loaded safely (`state_dict`, not the pickled model); write the
+# checkpoint dict and the resume by hand so that training continues **bit for bit** — also from the middle
+# of an epoch; see why a resume with the weights alone silently becomes another run; prove a resume exact
+# with `check_resume`; load a GPU checkpoint on a laptop; load weights whose keys or shapes don't match
+# without hiding problems; and save so that a `SIGKILL` never costs you the last good checkpoint.
 #
-# **Hardware and time.** *Run All* takes about 30 seconds on a 2-core CPU, most of it in section 6, which
-# writes and kills checkpoints of 128 MB. On a CUDA GPU the training runs on the GPU and section 4 saves a
-# real CUDA checkpoint.
+# **You write the PyTorch; `course_utils` holds the hardened versions.** Every section first shows the
+# short code a practitioner writes (`torch.save({...})`, `torch.load(path, map_location=...,
+# weights_only=True)`, the key filter, the temp-file-and-rename recipe), reproduces the failure with it,
+# and only then uses the helper that hardens it (`save_checkpoint`, `load_checkpoint`,
+# `load_matching_state_dict`, `check_resume`).
+#
+# **Hardware and time.** *Run All* took 41 s on a 2-core CPU (the hardware line is printed below) that
+# other jobs were sharing (load average about 6), and 57 s with one more process keeping a core busy;
+# about 20 s of it is CPU time, so an idle laptop is faster. Most of it goes to fresh Python processes:
+# the runs of `check_resume` in section 6 and the writers killed in section 9. On a CUDA GPU the training
+# runs on the GPU and section 7 saves a real CUDA checkpoint.
 
 # %%
-import io
+import copy
+import itertools
 import os
+import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_utils import (CheckpointError, evaluate, expect_error, get_device, hardware_summary,
-                          load_checkpoint, load_matching_state_dict, mlp, save_checkpoint, saved_as_if_on,
-                          seed_everything, train_step)
+from course_utils import (CheckpointError, check_checkpoint_dict, check_epoch_batches_from, check_load_matching,
+                          check_resume, check_resume_training, evaluate, exercise, expect_error, get_device,
+                          hardware_summary, load_checkpoint, load_matching_state_dict, mlp, progress,
+                          save_checkpoint, saved_as_if_on, seed_everything, train_step)
 from course_utils.interrupted_save import big_model, kill_while_saving
 
 # %load_ext course_utils
@@ -103,10 +115,14 @@ with expect_error(Exception, match="Weights only load failed"):
 torch.load(artifacts / "untrusted.pt", weights_only=False);        # the code runs
 
 # %% [markdown]
-# ## 2. Resuming with the model alone is not resuming
+# ## 2. The checkpoint, by hand
 #
-# A run with dropout, Adam, a learning-rate schedule and a shuffled `DataLoader`. We train it straight
-# through, then again with an interruption after 2 of 4 epochs where only the model's weights were saved.
+# A run with dropout, Adam, a learning-rate schedule and a shuffled `DataLoader`: four epochs. After
+# epoch 2 it saves a checkpoint and keeps going, so the same run is also the *uninterrupted* reference.
+# What must the checkpoint hold so that training can continue as if nothing had happened? Everything that
+# decides the next step: the weights, the optimizer's state (Adam keeps two running averages per weight
+# and a step count), the scheduler's position, the epoch, and the random state that draws the next dropout
+# masks and the next shuffle (here torch's generator; on a GPU also CUDA's).
 
 # %%
 generator = torch.Generator().manual_seed(0)
@@ -123,48 +139,164 @@ def new_run(seed=0):
     return model, optimizer, scheduler
 
 def train_epochs(model, optimizer, scheduler, epochs):
-    """Train, step the schedule and validate once per epoch; returns the validation losses."""
-    val_losses = []
+    """Train, step the schedule and validate once per epoch; returns (loss per step, validation loss per epoch)."""
+    step_losses, val_losses = [], []
     for _ in range(epochs):
         for batch in train_loader:            # shuffling draws from torch's global RNG
-            train_step(model, batch, nn.MSELoss(), optimizer)
+            step_losses.append(train_step(model, batch, nn.MSELoss(), optimizer))
         scheduler.step()
         val_losses.append(evaluate(model, val_loader, nn.MSELoss()))   # also draws: every DataLoader iterator takes a seed
-    return val_losses
+    return step_losses, val_losses
 
 def weights(model):
     return [p.detach().clone() for p in model.parameters()]
 
+# %%
 model, optimizer, scheduler = new_run()
-straight_vals = train_epochs(model, optimizer, scheduler, 4)
-straight = weights(model)
+first_steps, first_vals = train_epochs(model, optimizer, scheduler, 2)
+torch.save({
+    "model": model.state_dict(),
+    "optimizer": optimizer.state_dict(),        # Adam's moments and step counts
+    "scheduler": scheduler.state_dict(),        # where the learning-rate schedule is
+    "epoch": 2,                                 # the next epoch to run
+    "rng": {"torch": torch.get_rng_state(),     # the next dropout masks and shuffles
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+}, artifacts / "by_hand.pt")
+torch.save({"model": model.state_dict(), "epoch": 2,   # the common mistake, for section 3
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}},
+           artifacts / "model_only.pt")
+
+last_steps, last_vals = train_epochs(model, optimizer, scheduler, 2)    # the run goes on: the reference
+straight, straight_steps, straight_vals = weights(model), first_steps + last_steps, first_vals + last_vals
 print("uninterrupted: validation loss per epoch", [round(v, 4) for v in straight_vals])
 
-# %%
-model, optimizer, scheduler = new_run()
-train_epochs(model, optimizer, scheduler, 2)
-torch.save(model.state_dict(), artifacts / "weights_only.pt")          # the incomplete checkpoint
+# %% [markdown]
+# The optimizer's state is not small: Adam keeps `exp_avg` and `exp_avg_sq`, each the size of the
+# weights, so a resumable checkpoint carries twice the weights again (plus, in the file, a small header
+# per tensor).
 
-model, optimizer, scheduler = new_run(seed=1)                          # "the next morning"
-model.load_state_dict(torch.load(artifacts / "weights_only.pt", weights_only=True))
-resumed_vals = train_epochs(model, optimizer, scheduler, 2)             # Adam's moments and the lr restart
-print("resumed from weights only: validation loss for epochs 3-4", [round(v, 4) for v in resumed_vals])
-print("learning rate after resuming:", scheduler.get_last_lr(), "(the uninterrupted run was at", [3e-3 * 0.7**4], ")")
-assert not all(torch.equal(a, b) for a, b in zip(straight, weights(model)))
+# %%
+def tensor_bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+weight_bytes = tensor_bytes(model.parameters())
+moment_bytes = tensor_bytes(state[name] for state in optimizer.state.values() for name in ("exp_avg", "exp_avg_sq"))
+print(f"weights {weight_bytes / 1024:.1f} KiB, Adam's moments {moment_bytes / 1024:.1f} KiB "
+      f"({moment_bytes / weight_bytes:.1f}x the weights)")
+print(f"files: model only {os.path.getsize(artifacts / 'model_only.pt') / 1024:.1f} KiB, "
+      f"full checkpoint {os.path.getsize(artifacts / 'by_hand.pt') / 1024:.1f} KiB")
+assert moment_bytes == 2 * weight_bytes
 
 # %% [markdown]
-# ## 3. The full checkpoint resumes bit for bit
+# The resume, by hand: build **fresh objects with another seed** (nothing carried over in memory), load
+# with `map_location` (the device you train on now) and `weights_only=True` (only tensors and plain
+# containers are unpickled), and restore each part.
+
+# %%
+model, optimizer, scheduler = new_run(seed=12345)                     # "the next morning"
+checkpoint = torch.load(artifacts / "by_hand.pt", map_location=device, weights_only=True)
+model.load_state_dict(checkpoint["model"])
+optimizer.load_state_dict(checkpoint["optimizer"])
+scheduler.load_state_dict(checkpoint["scheduler"])
+torch.set_rng_state(checkpoint["rng"]["torch"].cpu())                 # RNG states are CPU byte tensors
+if torch.cuda.is_available():
+    torch.cuda.set_rng_state_all([state.cpu() for state in checkpoint["rng"]["cuda"]])
+
+resumed_steps, resumed_vals = train_epochs(model, optimizer, scheduler, 4 - checkpoint["epoch"])
+print("validation loss for epochs 3-4:", [round(v, 4) for v in resumed_vals], "| uninterrupted:",
+      [round(v, 4) for v in straight_vals[2:]])
+resumed = weights(model)
+if device.type == "cpu":
+    assert resumed_vals == straight_vals[2:] and all(torch.equal(a, b) for a, b in zip(straight, resumed))
+else:   # GPU kernels may pick different algorithms from run to run; the lesson is the same
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(straight, resumed))
+print("final weights identical to the uninterrupted run:", all(torch.equal(a, b) for a, b in zip(straight, resumed)))
+
+# %% [markdown]
+# ## 3. Resuming with the model alone is not resuming
 #
-# `save_checkpoint` stores model, optimizer (Adam's moments and step counts), scheduler, your meta data
-# (epoch, global step, best score) and the state of every random number generator — Python, NumPy, torch
-# on the CPU and on every GPU — which decides the next dropout masks and the next shuffle. We interrupt
-# after epoch 2, build **fresh objects with a different seed**, and load.
+# The most common checkpoint holds the weights and the epoch, not the optimizer and the scheduler. Nothing
+# fails: training continues, the loss is plausible — it is just another run than the one you configured.
+# To see that effect alone, this resume restores the weights **and** the random state (same batches, same
+# dropout masks as the uninterrupted run); only the optimizer and the scheduler start afresh.
+
+# %%
+model, optimizer, scheduler = new_run(seed=12345)
+checkpoint = torch.load(artifacts / "model_only.pt", map_location=device, weights_only=True)
+model.load_state_dict(checkpoint["model"])
+torch.set_rng_state(checkpoint["rng"]["torch"].cpu())
+if torch.cuda.is_available():
+    torch.cuda.set_rng_state_all([state.cpu() for state in checkpoint["rng"]["cuda"]])
+print(f"learning rate now {optimizer.param_groups[0]['lr']:.2e}; the uninterrupted run used "
+      f"{3e-3 * 0.7 ** 2:.2e} in epoch 3. Adam's moments are kept for {len(optimizer.state)} tensors (none)")
+
+lost_steps, lost_vals = train_epochs(model, optimizer, scheduler, 2)
+steps_per_epoch = len(train_loader)
+print("training loss, first steps of epoch 3:")
+print("  uninterrupted        ", [round(v, 4) for v in straight_steps[2 * steps_per_epoch:][:4]])
+print("  resumed, model only  ", [round(v, 4) for v in lost_steps[:4]])
+print("validation loss, epochs 3-4: uninterrupted", [round(v, 4) for v in straight_vals[2:]],
+      "| resumed, model only", [round(v, 4) for v in lost_vals])
+same_first = (lost_steps[0] == straight_steps[2 * steps_per_epoch] if device.type == "cpu"
+              else abs(lost_steps[0] - straight_steps[2 * steps_per_epoch]) <= 1e-5)
+assert same_first                                                  # same weights, batch and dropout mask...
+assert lost_steps[1] != straight_steps[2 * steps_per_epoch + 1]    # ...then the first optimizer step differs
+assert not any(torch.allclose(a, b) for a, b in zip(straight, weights(model)))
+assert lost_vals[-1] < straight_vals[-1]                           # and here it even looks better
+
+# %% [markdown]
+# The first loss after resuming matches the log to the last bit (the weights, the batch and the dropout
+# mask are the same); from the second step on, the run leaves the uninterrupted one: the learning rate
+# restarted at 3e-3 and Adam took its first step with empty moments, which moves every weight by about the
+# full learning rate. Here the validation loss even comes out *lower* — this small run's schedule decays
+# quickly, and restarting it gave it more learning rate — which is exactly why the mistake goes unnoticed:
+# the numbers look fine, but they no longer belong to the run you configured, compared and logged. Whether
+# the restart makes the loss go down or jump up depends on the run; that the curve leaves the log does not.
+
+# %% [markdown]
+# ## 4. `save_checkpoint`: the same checkpoint, hardened
+#
+# `torch.save(obj, path)` first truncates `path`, then writes: a crash in between (section 9) leaves
+# neither the old checkpoint nor the new one. The recipe that never loses the last good file is four
+# lines of standard library around the same `torch.save`:
+
+# %%
+def save_atomically(obj, path):
+    """torch.save `obj` so that `path` always holds either its previous content or all of `obj`."""
+    path = Path(path)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")  # same folder, same disk
+    try:
+        with os.fdopen(fd, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())            # the bytes are on the disk, not only in the OS cache
+        os.replace(temp, path)                 # atomic: readers see the old file or the new one, never half
+    except BaseException:
+        os.unlink(temp)                        # a failed save leaves no half-written file behind
+        raise
+
+save_atomically({"model": model.state_dict(), "epoch": 4}, artifacts / "atomic_by_hand.pt")
+print(sorted(torch.load(artifacts / "atomic_by_hand.pt", weights_only=True)), "| left behind:",
+      [p.name for p in artifacts.glob(".atomic_by_hand.pt.*")])
+
+# %% [markdown]
+# `save_checkpoint` is that function hardened: the same dict as section 2 (model, optimizer, scheduler,
+# `GradScaler`, your meta data such as epoch and best score) plus the state of **every** generator —
+# Python's `random`, NumPy, torch on the CPU and on each GPU — written with the temp-file + `fsync` +
+# `os.replace` recipe (and an `fsync` of the folder, so the rename itself survives a power cut), meta data
+# checked to be plain JSON so the file always loads with `weights_only=True`, and the temporary files of
+# killed writers removed. `load_checkpoint` is the resume of section 2: `weights_only=True`, `map_location`
+# defaulting to the model's device, a clear `CheckpointError` for a truncated file or a missing part.
+#
+# Before training on, re-run validation and compare with the value logged at save time: bit for bit on
+# the CPU, a cheap proof that the right weights came back (and it must not shift the random stream).
 
 # %%
 model, optimizer, scheduler = new_run()
-val_at_interruption = train_epochs(model, optimizer, scheduler, 2)[-1]
+_, vals = train_epochs(model, optimizer, scheduler, 2)
 save_checkpoint(artifacts / "full.pt", model=model, optimizer=optimizer, scheduler=scheduler,
-                epoch=2, global_step=2 * len(train_loader), best_val=val_at_interruption)
+                epoch=2, global_step=2 * len(train_loader), best_val=vals[-1])
 del model, optimizer, scheduler
 
 model, optimizer, scheduler = new_run(seed=12345)                     # nothing carried over in memory
@@ -173,54 +305,200 @@ print("meta:", meta)
 rng_after_loading = torch.get_rng_state()
 val_after_loading = evaluate(model, val_loader, nn.MSELoss())
 torch.set_rng_state(rng_after_loading)             # this check must not shift the random stream
-print(f"validation before the interruption {val_at_interruption:.6f}, after loading {val_after_loading:.6f}")
-assert val_after_loading == meta["best_val"]       # check a resume by re-running validation first
+print(f"validation before the interruption {meta['best_val']:.6f}, after loading {val_after_loading:.6f}")
+# bit for bit on the CPU; on a GPU the same weights and data agree to rounding (cuBLAS may pick another
+# reduction order unless deterministic algorithms are on)
+assert (val_after_loading == meta["best_val"] if device.type == "cpu"
+        else abs(val_after_loading - meta["best_val"]) <= 1e-6 * abs(meta["best_val"]))
 
-resumed_vals = train_epochs(model, optimizer, scheduler, 4 - meta["epoch"])
-print("validation loss for epochs 3-4:", [round(v, 4) for v in resumed_vals], "| uninterrupted:",
-      [round(v, 4) for v in straight_vals[2:]])
-resumed = weights(model)
+_, vals = train_epochs(model, optimizer, scheduler, 4 - meta["epoch"])
 if device.type == "cpu":
-    assert all(torch.equal(a, b) for a, b in zip(straight, resumed))  # bit for bit
-else:   # GPU kernels may pick different algorithms from run to run; the lesson is the same
-    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(straight, resumed))
-print("final weights identical to the uninterrupted run:",
-      all(torch.equal(a, b) for a, b in zip(straight, resumed)))
+    assert vals == straight_vals[2:] and all(torch.equal(a, b) for a, b in zip(straight, weights(model)))
+else:
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(straight, weights(model)))
+print("validation loss for epochs 3-4:", [round(v, 4) for v in vals], "— the uninterrupted run's")
 
 # %% [markdown]
-# We interrupted at an epoch boundary: resuming *inside* an epoch would also need the position in the
-# shuffled order (the `DataLoader` has no `state_dict`), so checkpoint at epoch ends or store the order.
+# ## 5. Resuming in the middle of an epoch
 #
-# ## 4. `map_location`: a GPU checkpoint on a CPU-only machine
+# Long epochs get checkpointed every N steps, so a job is usually killed *inside* an epoch. A shuffled
+# `DataLoader` has no `state_dict`: the order of an epoch is drawn from the loader's generator when the
+# epoch's iterator is created. To watch the order, each sample here is its own index; the run is killed
+# after 2 of the 6 batches of epoch 1.
+
+# %%
+order_data = TensorDataset(torch.arange(24))          # sample i is the number i: the batches show the order
+
+def make_loader(seed):
+    shuffle = torch.Generator().manual_seed(seed)     # the loader's own generator: the data order, nothing else
+    return DataLoader(order_data, batch_size=4, shuffle=True, generator=shuffle), shuffle
+
+loader, shuffle = make_loader(seed=0)
+uninterrupted = [[batch.tolist() for (batch,) in loader] for _ in range(3)]
+print("epoch 1, uninterrupted:", uninterrupted[1])
+trained_before_kill = uninterrupted[1][:2]            # the job died after these two batches of epoch 1
+
+# %% [markdown]
+# The usual resume restarts the interrupted epoch from its first batch, with a freshly seeded loader:
+
+# %%
+loader, shuffle = make_loader(seed=0)                 # "the next morning"
+restarted = [batch.tolist() for (batch,) in loader]   # for epoch in range(checkpoint["epoch"], ...): all of it
+seen = [i for batch in trained_before_kill + restarted for i in batch]
+twice = sorted({i for i in seen if seen.count(i) == 2})
+print("epoch 1 after the restart:", restarted)
+print(f"samples trained on twice in epoch 1: {len(twice)} of 24; order as uninterrupted: {restarted == uninterrupted[1]}")
+assert len(twice) == 8 and restarted != uninterrupted[1]
+
+# %% [markdown]
+# The fix: at the start of every epoch keep the generator's state, and save it with the number of batches
+# done in that epoch. To resume, put the state back (the same shuffle is drawn) and skip the batches
+# already trained on. `itertools.islice` still loads the skipped batches; with an expensive dataset, build
+# the epoch's index order from the same generator and hand the rest to a sampler instead.
+
+# %%
+loader, shuffle = make_loader(seed=0)
+list(loader)                                          # epoch 0, as in the interrupted job
+checkpoint = {"epoch": 1, "batches_done": 2, "epoch_start": shuffle.get_state()}   # saved with the model etc.
+
+loader, shuffle = make_loader(seed=123)               # fresh objects, another seed
+shuffle.set_state(checkpoint["epoch_start"])
+rest_of_epoch = [batch.tolist() for (batch,) in itertools.islice(loader, checkpoint["batches_done"], None)]
+next_epoch = [batch.tolist() for (batch,) in loader]
+print("epoch 1 after the resume:", trained_before_kill + rest_of_epoch)
+assert trained_before_kill + rest_of_epoch == uninterrupted[1] and next_epoch == uninterrupted[2]
+print("epochs 1 and 2 match the uninterrupted run batch for batch")
+
+# %% [markdown]
+# ## 6. Prove a resume exact: `check_resume`
+#
+# A resume bug is silent: nothing raises, the loss looks plausible. The only proof is to compare against
+# an uninterrupted run, in **fresh processes** (a resume in the same process inherits the RNG, the
+# objects, the cached state that a restarted job would not have). Here is a whole job, as you would write
+# it: a `DataLoader` that shuffles with its own generator and loads with 2 worker processes, dropout,
+# Adam, `StepLR`, a checkpoint every `stop_at` steps (here: once, mid-epoch) holding everything from
+# sections 2 and 5. Three switches plant the three classic resume bugs. The job runs on the CPU.
+
+# %%
+# %%writefile artifacts/ch4/resume_job.py
+"""A training job that checkpoints in the middle of an epoch and resumes from there (for check_resume)."""
+import itertools
+import random
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def build():
+    random.seed(0)                                 # every generator the job and its libraries use
+    np.random.seed(0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    shuffle = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(32, 6), torch.randn(32, 1))
+    loader = DataLoader(data, batch_size=8, shuffle=True, generator=shuffle, num_workers=2)
+    return model, optimizer, scheduler, loader, shuffle
+
+
+def run(probe):
+    bug = probe.options                            # check_resume turns a planted bug on
+    model, optimizer, scheduler, loader, shuffle = build()
+    step, epoch_start = 0, shuffle.get_state()
+    if probe.resuming:
+        checkpoint = torch.load(probe.checkpoint, map_location="cpu", weights_only=True)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        if not bug.get("forget_scheduler"):
+            scheduler.load_state_dict(checkpoint["scheduler"])
+        if not bug.get("forget_rng"):
+            torch.set_rng_state(checkpoint["rng"])
+        step, epoch_start = checkpoint["step"], checkpoint["epoch_start"]
+    while step < probe.steps:
+        shuffle.set_state(epoch_start)                          # this epoch's order
+        skip = 0 if bug.get("restart_epoch") else step % len(loader)
+        for x, y in itertools.islice(loader, skip, None):       # from the next batch on
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            probe.step(step, batch=(x, y), loss=loss, model=model, optimizer=optimizer, scheduler=scheduler)
+            step += 1
+            if step == probe.stop_at:                           # save, then "get killed"
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),
+                            "step": step, "epoch_start": epoch_start}, probe.checkpoint)
+                return
+            if step == probe.steps:
+                break
+        epoch_start = shuffle.get_state()
+    probe.finish(model=model, optimizer=optimizer, scheduler=scheduler)
+
+# %% [markdown]
+# `check_resume` runs the job three times in fresh processes — uninterrupted for 10 steps; stopped after
+# step 6 (the middle of the second epoch of 4 batches); resumed from that checkpoint — and compares the
+# runs step by step: the batch each step received, the learning rate and the scheduler's position, the
+# random streams, the loss, the parameters and the optimizer state. It names the first difference and its
+# step. Each run is a fork of a Python process that has only imported torch (started on the first call),
+# so a run costs no import time; `resume_options` turns a bug on in the resumed run only, so the two
+# reference runs are made once.
+
+# %%
+job = "artifacts/ch4/resume_job.py:run"
+expected = {"forget_scheduler": "the scheduler state was not restored",
+            "forget_rng": "random streams (torch) differ",
+            "restart_epoch": "the epoch restarted"}
+for bug, symptom in expected.items():
+    report = check_resume(job, steps=10, stop_at=6, resume_options={bug: True})
+    print(f"{bug}: {report}")
+    assert not report and report.step == 6 and symptom in str(report)
+
+# %% [markdown]
+# Each bug is caught at the first step after the resume, and named. With all three switches off:
+
+# %%
+report = check_resume(job, steps=10, stop_at=6)
+print(report)
+assert report
+
+# %% [markdown]
+# ## 7. `map_location`: a GPU checkpoint on a CPU-only machine
 #
 # Tensors are saved with their device. On a GPU machine we save a real CUDA checkpoint; elsewhere
 # `saved_as_if_on("cuda:0")` writes a file whose tensors are tagged `cuda:0` exactly as a GPU machine
-# would, so the CPU machine meets the real error.
+# would, so the CPU machine meets the real error. `torch.load(path, map_location="cpu", weights_only=True)`
+# is the fix you write; `load_checkpoint` defaults `map_location` to the model's device.
 
 # %%
 model, optimizer, scheduler = new_run()
 if device.type == "cuda":
     save_checkpoint(artifacts / "from_gpu.pt", model=model, epoch=0)
-    print("saved a real CUDA checkpoint; loading it onto the CPU:")
-    cpu_model = mlp([8, 64, 64, 1], dropout=0.1)
-    load_checkpoint(artifacts / "from_gpu.pt", model=cpu_model, map_location="cpu")
-    assert cpu_model[0].weight.device.type == "cpu"
+    print("saved a real CUDA checkpoint; loading it onto the CPU")
 else:
     with saved_as_if_on("cuda:0"):
         save_checkpoint(artifacts / "from_gpu.pt", model=model, epoch=0)
     with expect_error(RuntimeError, match="map_location=torch.device\\('cpu'\\)"):
         torch.load(artifacts / "from_gpu.pt", weights_only=True)        # no map_location: the real error
-    cpu_model = mlp([8, 64, 64, 1], dropout=0.1)
-    load_checkpoint(artifacts / "from_gpu.pt", model=cpu_model)         # map_location defaults to the model's device
-    assert torch.equal(cpu_model[0].weight, model[0].weight.cpu())
-print("loaded onto", cpu_model[0].weight.device)
+
+state = torch.load(artifacts / "from_gpu.pt", map_location="cpu", weights_only=True)["model"]
+print("by hand, map_location='cpu':", {tensor.device for tensor in state.values()})
+cpu_model = mlp([8, 64, 64, 1], dropout=0.1)
+load_checkpoint(artifacts / "from_gpu.pt", model=cpu_model)             # map_location: the model's device
+assert {tensor.device.type for tensor in state.values()} == {"cpu"}
+assert torch.equal(cpu_model[0].weight, model[0].weight.cpu())
+print("load_checkpoint loaded it onto", cpu_model[0].weight.device)
 
 
 # %% [markdown]
-# ## 5. Keys and shapes that don't match
+# ## 8. Keys and shapes that don't match
 #
-# Two everyday cases: a state dict saved from `nn.DataParallel` / DDP (every key starts with `module.`),
-# and a pretrained model whose classifier head has another number of classes.
+# Two everyday cases: a state dict saved from `nn.DataParallel` / DDP (every key starts with `module.`;
+# `torch.compile` adds `_orig_mod.`), and a pretrained model whose classifier head has another number of
+# classes.
 
 # %%
 class Classifier(nn.Module):
@@ -234,7 +512,9 @@ class Classifier(nn.Module):
 
 seed_everything(0)
 pretrained = Classifier(classes=10)
-wrapped_state = nn.DataParallel(pretrained).state_dict()     # what a multi-GPU script saves
+# what a multi-GPU script saves; with exactly one GPU, DataParallel moves the model it wraps to cuda:0,
+# so wrap a copy and keep `pretrained` on the CPU for the comparisons below
+wrapped_state = nn.DataParallel(copy.deepcopy(pretrained)).state_dict()
 print("saved keys:", list(wrapped_state)[:3], "...")
 
 new_model = Classifier(classes=5)                            # our task has 5 classes
@@ -246,16 +526,43 @@ with expect_error(RuntimeError, match="size mismatch for head.weight"):
     new_model.load_state_dict(plain_state)
 
 # %% [markdown]
-# `strict=False` looks like the way out. It is not: it does not skip shape mismatches, and with the
+# `strict=False` looks like the way out. It is not: it does **not** skip a shape mismatch, and with the
 # `module.` prefix it **silently loads nothing** — it reports the problem in a return value nobody reads.
 
 # %%
+with expect_error(RuntimeError, match="size mismatch for head.weight"):
+    new_model.load_state_dict(plain_state, strict=False)
+
 before = [p.detach().clone() for p in new_model.parameters()]
 result = new_model.load_state_dict({k: v for k, v in wrapped_state.items() if "head" not in k}, strict=False)
 print(f"strict=False: no error, {len(result.missing_keys)} missing and {len(result.unexpected_keys)} unexpected keys")
 assert all(torch.equal(a, b) for a, b in zip(before, new_model.parameters()))   # nothing was loaded
 
+# %% [markdown]
+# What you write instead: strip the prefixes, keep what matches the model **by name and shape**, load that
+# with `strict=False`, and look at what was left out.
+
 # %%
+own = new_model.state_dict()
+matched = {}
+for key, value in wrapped_state.items():
+    key = key.removeprefix("module.").removeprefix("_orig_mod.")
+    if key in own and value.shape == own[key].shape:
+        matched[key] = value
+result = new_model.load_state_dict(matched, strict=False)
+print("loaded:", sorted(matched))
+print("kept their own values:", result.missing_keys)
+assert torch.equal(new_model.backbone[0].weight, pretrained.backbone[0].weight)
+assert result.missing_keys == ["head.weight", "head.bias"] and torch.equal(new_model.head.weight, before[-2])
+
+# %% [markdown]
+# `load_matching_state_dict` is that loop hardened: it strips a prefix only when **every** key has it
+# (with PyTorch's own `consume_prefix_in_state_dict_if_present`), reports what loaded, what did not fit
+# and why, and raises when nothing matches instead of loading nothing silently.
+
+# %%
+new_model = Classifier(classes=5)
+before = [p.detach().clone() for p in new_model.parameters()]
 report = load_matching_state_dict(new_model, wrapped_state)
 print(report)
 assert torch.equal(new_model.backbone[0].weight, pretrained.backbone[0].weight)   # backbone transferred
@@ -263,57 +570,155 @@ assert torch.equal(new_model.head.weight, before[-2])                           
 assert [key for key, _, _ in report.shape_mismatch] == ["head.weight", "head.bias"]
 
 # %% [markdown]
-# ## 6. Crash safety
+# ## 9. Crash safety under a real `SIGKILL`
 #
 # A process can die at any instant: out-of-memory killer, pre-empted cloud machine, Ctrl-C at the wrong
-# moment. We start a real subprocess that writes a 128 MB checkpoint over and over and `SIGKILL` it in the
-# middle of a write. First a plain `torch.save` over the previous file:
+# moment. We start a real subprocess that writes a 64 MB checkpoint over and over with a plain
+# `torch.save(state, path)` and `SIGKILL` it once a megabyte of the new file is on disk:
 
 # %%
 plain = artifacts / "plain.pt"
-torch.save(big_model(128, 1.0).state_dict(), plain)
-print("exit code of the killed writer:", kill_while_saving(plain, atomic=False, megabytes=128))
-print(f"{plain.name} is now {os.path.getsize(plain):,} bytes")
+torch.save(big_model(64, 1.0).state_dict(), plain)
+print("exit code of the killed writer:", kill_while_saving(plain, atomic=False, megabytes=64, after_bytes=2**20))
+print(f"{plain.name} is now {os.path.getsize(plain):,} bytes (a complete one is about 64 MiB)")
+with expect_error(RuntimeError, match="PytorchStreamReader failed reading zip archive"):
+    torch.load(plain, weights_only=True)
 with expect_error(CheckpointError, match="truncated or corrupt"):
-    load_checkpoint(plain, model=big_model(128, 0.0))
+    load_checkpoint(plain, model=big_model(64, 0.0))
 
 # %% [markdown]
-# The previous checkpoint is gone and the new one is half written. `save_checkpoint` writes to a
-# temporary file in the same folder, `fsync`s it, and only then renames it over the target — a rename is
-# atomic, so the target is always either the complete old file or the complete new one. Five kills at
-# different moments:
+# The previous checkpoint is gone and the new one is half written: a zip archive without its central
+# directory, the message above. `save_checkpoint` uses the recipe of section 4 (temporary file in the same
+# folder, `fsync`, `os.replace`), so the target is always either the complete old file or the complete
+# new one. Two kills, one at the very start of a write and one later:
 
 # %%
 atomic = artifacts / "atomic.pt"
-save_checkpoint(atomic, model=big_model(128, 1.0), version=1)
-for delay in (0.0, 0.05, 0.1, 0.3, 1.0):
-    code = kill_while_saving(atomic, atomic=True, megabytes=128, delay_s=delay)
-    survivor = big_model(128, 0.0)
-    meta = load_checkpoint(atomic, model=survivor)
+save_checkpoint(atomic, model=big_model(64, 1.0), version=1)
+for delay in (0.0, 0.4):
+    code = kill_while_saving(atomic, atomic=True, megabytes=64, delay_s=delay)
+    left_behind = list(artifacts.glob(".atomic.pt.*.partial"))    # the killed writer's temporary file
+    survivor = big_model(64, 0.0)
+    meta = load_checkpoint(atomic, model=survivor)     # loads the survivor, removes dead writers' leftovers
     expected_value = {1: 1.0, 2: 2.0}[meta["version"]]
     assert code == -9 and torch.all(survivor.weight == expected_value)
-    print(f"killed after {delay:.2f} s -> checkpoint loads: version {meta['version']}, complete")
-leftovers = sorted(p.name for p in artifacts.glob(".atomic.pt.*.partial"))
-print(f"temporary files left by killed writers (never mistaken for the checkpoint): {len(leftovers)}")
-for p in artifacts.glob(".*.partial"):
-    p.unlink()
+    assert len(left_behind) <= 1 and not list(artifacts.glob(".atomic.pt.*.partial"))
+    litter = "its temporary file was removed by the load" if left_behind else "it had not started its file yet"
+    print(f"killed after {delay:.1f} s -> checkpoint loads: version {meta['version']}, complete ({litter})")
+
+# %% [markdown]
+# A killed writer cannot clean up after itself (no `finally` runs under `SIGKILL`), so its temporary file,
+# the size of a checkpoint, stays behind. Its name carries the writer's host and PID
+# (`.atomic.pt.HOST.PID.RANDOM.partial`), so the next `save_checkpoint` or `load_checkpoint` removes the
+# files of writers on this host that no longer exist — never one that a live process is still writing
+# (`remove_stale_partials` does it, and says which).
+#
+# ## 10. Exercises
+#
+# Three exercises are **real code with planted bugs** (the text says how many); the last one you write.
+# Fix or write the code in the cell and run it: the check runs your function on its own small, seeded data
+# and prints a verdict that says what it *observed* (for example "the schedule is at epoch 0"). Each
+# further failed attempt adds one hint, mildest first; none of them is the solution. `progress()` at the
+# end of the notebook shows what you have solved.
+#
+# **Exercise 1 — a resume (there are 2 bugs).** `resume_training` restores a checkpoint written as in
+# section 2 (`"model"`, `"optimizer"`, `"scheduler"`, `"epoch"`, `"rng": {"torch", "cuda"}`) into freshly
+# built objects, so that training continues exactly as the uninterrupted run would, and returns the
+# epoch to continue from.
+
+# %%
+@exercise
+def resume_training(path, model, optimizer, scheduler):
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    return checkpoint["epoch"]
+
+
+check_resume_training(resume_training)
+
+# %% [markdown]
+# **Exercise 2 — the checkpoint dict (there are 2 bugs).** `checkpoint_dict` returns the dict that
+# section 2 saves, for the end of epoch `epoch`: it must load with `weights_only=True` and restore the run
+# exactly.
+
+# %%
+@exercise
+def checkpoint_dict(model, optimizer, scheduler, epoch):
+    return {
+        "model": model,
+        "scheduler": scheduler.state_dict(),
+        "epoch": epoch,
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+    }
+
+
+check_checkpoint_dict(checkpoint_dict)
+
+# %% [markdown]
+# **Exercise 3 — loading what matches (there are 2 bugs).** `load_matching` loads every entry of
+# `state_dict` whose name (after removing a `module.` or `_orig_mod.` prefix) and shape match the model,
+# leaves the model's other values as they are, and returns the sorted list of loaded keys. The check
+# loads a 10-class classifier saved from `DataParallel` into a 5-class one.
+
+# %%
+@exercise
+def load_matching(model, state_dict):
+    own = model.state_dict()
+    matched = {}
+    for key, value in state_dict.items():
+        for prefix in ("module.", "_orig_mod."):
+            key = key.removeprefix(prefix)
+        if key in own:
+            matched[key] = value
+    model.load_state_dict(matched)
+    return sorted(matched)
+
+
+check_load_matching(load_matching)
+
+# %% [markdown]
+# **Exercise 4 — the rest of an interrupted epoch (write it).** `loader` shuffles with `generator`; the
+# job was killed after `skip` batches of an epoch, and the checkpoint holds `epoch_start_state`, the
+# generator's state when that epoch began. Return the batches of that epoch that were not trained on yet,
+# in the order the uninterrupted run gave them.
+
+# %%
+@exercise
+def epoch_batches_from(loader, generator, epoch_start_state, skip):
+    ...  # your code here
+
+
+check_epoch_batches_from(epoch_batches_from)
 
 # %% [markdown]
 # ## What to remember
 # - Save `state_dict()`s, load with `weights_only=True`; never `weights_only=False` on a file you did not make.
-# - A resumable checkpoint holds model, optimizer, scheduler (and `GradScaler`), epoch/step/best score, and RNG states.
-# - After loading, re-run validation and compare with the logged value before training on.
-# - `map_location` (or `load_checkpoint`, which defaults to the model's device) loads GPU checkpoints anywhere.
-# - `strict=False` hides problems; `load_matching_state_dict` reports what loaded, what didn't and why.
-# - Write to a temporary file, `fsync`, rename: `save_checkpoint` does it.
+# - A resumable checkpoint holds model, optimizer, scheduler (and `GradScaler`), epoch/step/best score, the
+#   RNG states, and mid-epoch the data position (the loader generator's state at the epoch's start and the
+#   batches done). Adam's state alone is twice the weights.
+# - A resume with the weights alone raises nothing: the run silently becomes another one.
+# - After loading, re-run validation and compare with the logged value; prove a resume with `check_resume`
+#   (fresh processes, step by step) before trusting a week-long job to it.
+# - `torch.load(path, map_location=..., weights_only=True)` (or `load_checkpoint`, which defaults to the
+#   model's device) loads GPU checkpoints anywhere.
+# - `strict=False` neither skips shape mismatches nor complains about a prefix; filter by name and shape
+#   (`load_matching_state_dict`) and read what was left out.
+# - Write to a temporary file in the same folder, `fsync`, `os.replace`: `save_checkpoint` does it.
 #
 # ## Troubleshooting by symptom
 # | You see | Likely cause | Section |
 # |---|---|---|
 # | `UnpicklingError: Weights only load failed` | a pickled whole model or custom object: save `state_dict()` | 1 |
 # | `AttributeError: Can't get attribute 'Net'` | a whole-model file after the class moved | 1 |
-# | loss jumps after resuming | optimizer/scheduler state not restored | 2 |
-# | `Attempting to deserialize object on a CUDA device` | GPU checkpoint on a CPU machine: `map_location` | 4 |
-# | `Missing key(s) ... Unexpected key(s) ... module.` | DataParallel/DDP prefix: `load_matching_state_dict` | 5 |
-# | `size mismatch for head.weight` | a different head: load the rest with `load_matching_state_dict` | 5 |
-# | `PytorchStreamReader failed` / `EOFError` on load | a write was interrupted: use `save_checkpoint` | 6 |
+# | after resuming, the loss leaves the logged curve (a jump, or an unexplained drop) from the second step | optimizer/scheduler state not restored | 3 |
+# | after resuming, samples repeat or the order differs from the log | the epoch restarted: save the loader generator's state and the batches done | 5 |
+# | `check_resume`: `resume is NOT exact at step N` | the message names the part not restored (scheduler, RNG, data order, optimizer) | 6 |
+# | `Attempting to deserialize object on a CUDA device` | GPU checkpoint on a CPU machine: `map_location` | 7 |
+# | `Missing key(s) ... Unexpected key(s) ... module.` | DataParallel/DDP prefix: strip it, `load_matching_state_dict` | 8 |
+# | `size mismatch for head.weight` (also with `strict=False`) | a different head: load the rest by name and shape | 8 |
+# | `PytorchStreamReader failed reading zip archive: failed finding central directory` | a write was interrupted: save with the temp-file recipe (`save_checkpoint`) | 9 |
+
+# %%
+print(progress(chapter=4))

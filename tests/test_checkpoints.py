@@ -1,5 +1,6 @@
 """Chapter 4: atomic checkpoints, exact resume, RNG state, prefix stripping and partial loading."""
 import copy
+import itertools
 import os
 import random
 import socket
@@ -258,3 +259,106 @@ def test_a_prefix_on_only_some_keys_is_not_stripped():
 def test_no_match_at_all_is_an_error_showing_both_sides():
     with pytest.raises(ValueError, match=r"(?s)nothing would load.*checkpoint keys: \[.encoder.*model keys: +\[.backbone"):
         load_matching_state_dict(Net(5), {"encoder.weight": torch.ones(3)})
+
+
+# --- exercises: each reference passes its check, each planted bug alone is rejected -----------
+
+from course_utils.checkpoints import (check_checkpoint_dict, check_epoch_batches_from,  # noqa: E402
+                                      check_load_matching, check_resume_training)
+from course_utils.exercises import reference  # noqa: E402
+
+
+@pytest.mark.parametrize("name, check", [("resume_training", check_resume_training),
+                                         ("checkpoint_dict", check_checkpoint_dict),
+                                         ("load_matching", check_load_matching),
+                                         ("epoch_batches_from", check_epoch_batches_from)])
+def test_each_reference_passes_its_check(learner, name, check):
+    assert check(reference(name))
+
+
+def _restore(path, model, optimizer, scheduler, *, scheduler_too, rng_too):
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if scheduler_too:
+        scheduler.load_state_dict(checkpoint["scheduler"])
+    if rng_too:
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+    return checkpoint["epoch"]
+
+
+@pytest.mark.parametrize("scheduler_too, rng_too, expected", [
+    (False, True, "the schedule is at epoch 0 and the next epochs would use the learning rates [0.01, 0.01, 0.01]; the uninterrupted run, at epoch 2, uses [0.01, 0.005, 0.005]"),
+    (True, False, "the next dropout mask"),
+])
+def test_resume_training_rejects_each_planted_bug(learner, scheduler_too, rng_too, expected):
+    verdict = check_resume_training(lambda *a: _restore(*a, scheduler_too=scheduler_too, rng_too=rng_too))
+    assert not verdict and expected in str(verdict), str(verdict)
+
+
+def test_resume_training_rejects_a_wrong_epoch_and_reports_an_exception(learner):
+    def off_by_one(*args):
+        return _restore(*args, scheduler_too=True, rng_too=True) + 1
+    assert "it returned 3" in str(check_resume_training(off_by_one))
+
+    def crashes(path, *objects):
+        return torch.load(path)["missing"]
+    assert "your function raised KeyError" in str(check_resume_training(crashes))
+
+
+def _checkpoint_dict(model, optimizer, scheduler, epoch, *, whole_model, with_optimizer):
+    checkpoint = {"model": model if whole_model else model.state_dict(),
+                  "scheduler": scheduler.state_dict(), "epoch": epoch, "rng": {"torch": torch.get_rng_state(), "cuda": []}}
+    if with_optimizer:
+        checkpoint["optimizer"] = optimizer.state_dict()
+    return checkpoint
+
+
+@pytest.mark.parametrize("whole_model, with_optimizer, expected", [
+    (True, True, "refuses your checkpoint: it holds a torch.nn.modules.container.Sequential object"),
+    (False, False, "no 'optimizer' entry"),
+])
+def test_checkpoint_dict_rejects_each_planted_bug(learner, whole_model, with_optimizer, expected):
+    verdict = check_checkpoint_dict(lambda *a: _checkpoint_dict(*a, whole_model=whole_model,
+                                                                with_optimizer=with_optimizer))
+    assert not verdict and expected in str(verdict), str(verdict)
+
+
+def _load_matching(model, state_dict, *, check_shapes, strict):
+    own, matched = model.state_dict(), {}
+    for key, value in state_dict.items():
+        key = key.removeprefix("module.")
+        if key in own and (value.shape == own[key].shape or not check_shapes):
+            matched[key] = value
+    model.load_state_dict(matched, strict=strict)
+    return sorted(matched)
+
+
+@pytest.mark.parametrize("check_shapes, strict, expected", [
+    (False, False, "size mismatch for head.weight"),
+    (True, True, "Missing key(s) in state_dict"),
+])
+def test_load_matching_rejects_each_planted_bug(learner, check_shapes, strict, expected):
+    verdict = check_load_matching(lambda m, s: _load_matching(m, s, check_shapes=check_shapes, strict=strict))
+    assert not verdict and expected in str(verdict), str(verdict)
+
+
+def test_load_matching_rejects_a_silent_no_op(learner):
+    verdict = check_load_matching(lambda m, s: m.load_state_dict(s, strict=False) and [])
+    assert not verdict and "backbone tensors were not loaded" in str(verdict)
+
+
+@pytest.mark.parametrize("attempt, expected", [
+    (lambda loader, g, state, skip: list(itertools.islice(loader, skip, None)), "another shuffle"),
+    (lambda loader, g, state, skip: (g.set_state(state), list(loader))[1], "it gave 6 batches"),
+])
+def test_epoch_batches_from_rejects_a_lost_generator_or_a_restarted_epoch(learner, attempt, expected):
+    verdict = check_epoch_batches_from(attempt)
+    assert not verdict and expected in str(verdict), str(verdict)
+
+
+def test_the_checks_leave_the_random_stream_alone(learner):
+    before = torch.get_rng_state()
+    check_resume_training(reference("resume_training"))
+    check_epoch_batches_from(lambda *a: None)
+    assert torch.equal(torch.get_rng_state(), before)

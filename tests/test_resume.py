@@ -76,3 +76,35 @@ def test_the_probe_fingerprints_change_with_the_data():
         probe.step(len(probe.records), batch=batch, loss=torch.tensor(1.0), model=model, optimizer=optimizer)
     assert probe.records[0]["batch"] != probe.records[1]["batch"]
     assert probe.records[0]["parameters"] == probe.records[1]["parameters"]     # no update happened
+
+
+@pytest.mark.slow
+def test_a_job_that_prints_and_one_that_raises(tmp_path):
+    script = tmp_path / "chatty.py"
+    script.write_text(
+        "import random, numpy, torch\n"
+        "def run(probe):\n"
+        "    random.seed(0); numpy.random.seed(0); torch.manual_seed(0)\n"
+        "    print('starting', probe.resuming)          # must not disturb check_resume\n"
+        "    model = torch.nn.Linear(2, 1)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    if probe.options.get('crash'):\n"
+        "        raise ValueError('planted crash')\n"
+        "    start = torch.load(probe.checkpoint)['step'] if probe.resuming else 0\n"
+        "    for step in range(start, probe.steps):\n"
+        "        probe.step(step, batch=torch.ones(1), loss=1.0, model=model, optimizer=optimizer)\n"
+        "        if step + 1 == probe.stop_at:\n"
+        "            torch.save({'step': step + 1}, probe.checkpoint); return\n"
+        "    probe.finish(model=model, optimizer=optimizer)\n")
+    assert check_resume(f"{script}:run", steps=4, stop_at=2)
+    with pytest.raises(RuntimeError, match="(?s)failed in the resumed run.*planted crash"):
+        check_resume(f"{script}:run", steps=4, stop_at=2, resume_options={"crash": True})
+
+
+@pytest.mark.slow
+def test_without_the_fork_server_each_run_is_a_new_interpreter(monkeypatch):
+    import course_utils.resume as resume
+    monkeypatch.setattr(resume.sys, "platform", "darwin")       # macOS and Windows take this path
+    monkeypatch.setattr(resume, "_REFERENCE_RUNS", {})
+    report = check_resume(JOB, steps=4, stop_at=2)
+    assert report, str(report)
