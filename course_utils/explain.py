@@ -1,24 +1,58 @@
 """The error explainer: a known PyTorch failure → its likely causes, the fix, and the chapter that shows it.
 
-`explain(error)` accepts an exception or its message. `%load_ext course_utils` in a notebook prints the
-explanation under every traceback it recognises (the traceback itself is shown unchanged).
+`explain(error)` accepts an exception or a pasted message (a traceback, a log with `[rank0]:` prefixes,
+a wrapper's re-raised text) and returns an `Explanation` with a stable `id` and a `link` that opens the
+notebook section in JupyterLab. `%load_ext course_utils` shows the explanation, with that link, under
+every traceback it recognises (the traceback itself is shown unchanged).
+
+Rules match on meaning, not on one wording: each failure kind has several patterns, one per wording
+that real users meet (older releases, wrappers, Windows), searched in the message after light
+normalisation (ANSI colour codes, `[rank0]:`-style prefixes, full-width punctuation and line wrapping
+removed). The first matching rule wins, so more specific kinds come first.
+
+What is *not* claimed, on purpose: out-of-memory errors that are not PyTorch's (NumPy's
+`Unable to allocate`, the OS's `Cannot allocate memory`, TensorFlow's `OOM when allocating`), an
+`Address already in use` that does not come from torch.distributed's rendezvous, and CUDA driver
+errors from programs other than PyTorch (CUDA samples, ONNX Runtime, Caffe, Lua Torch): the chapters
+teach PyTorch's path, so their advice would be wrong there. `tests/data/error_messages.jsonl` holds
+the real messages (with their sources) the rules are measured against.
 """
 from __future__ import annotations
 
+import html
 import re
-import sys
+import unicodedata
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from course_utils._display import ReadableResult
 
 CHAPTERS = {1: "01_tensors_autograd.ipynb", 2: "02_data_and_modules.ipynb", 3: "03_debugging.ipynb",
             4: "04_checkpointing.ipynb", 5: "05_ddp_torchrun.ipynb", 6: "06_inference.ipynb"}
+_FRAGMENT_SAFE = "!$&'()*+,;=:@/?-._~"     # characters left as they are in the URL fragment
+
+
+def heading_anchor(heading: str) -> str:
+    """The id JupyterLab 4 gives a Markdown heading: its rendered text with spaces turned into '-'.
+
+    JupyterLab renders the heading and takes `textContent.replace(/ /g, '-')` (rendermime's
+    `createHeaderId`; `TableOfContentsUtils.Markdown.getHeadingId` does the same for `#heading=`
+    fragments), so Markdown markup that does not render as text (backticks, `*`, link targets) is dropped.
+    """
+    if not isinstance(heading, str) or not heading.strip():
+        raise ValueError(f"heading_anchor needs a non-empty heading text, got {heading!r}")
+    parts = heading.strip().split("`")
+    text = "".join(part if i % 2 else re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", part).replace("*", "")
+                   for i, part in enumerate(parts))
+    return text.replace(" ", "-")
 
 
 @dataclass(frozen=True)
 class Explanation(ReadableResult):
-    """What a recognised error usually means: causes in the order to check them, and the fix."""
+    """What a recognised error usually means: causes in the order to check them, the fix, and where the
+    course reproduces it (`section` is the exact heading text in that chapter's notebook)."""
 
+    id: str
     title: str
     causes: tuple[str, ...]
     fix: str
@@ -29,152 +63,388 @@ class Explanation(ReadableResult):
     def notebook(self) -> str:
         return CHAPTERS[self.chapter]
 
+    @property
+    def href(self) -> str:
+        """Link from one course notebook to the section (all chapters live in the same folder).
+
+        JupyterLab 4 opens the notebook and hands the fragment to the notebook widget's `setFragment`;
+        `#heading=<id>` finds the heading by the id JupyterLab derives from its Markdown (kinds
+        `heading=` and `cell-id=` were added in jupyterlab/jupyterlab#13285; notebook-to-notebook
+        section links: jupyterlab/jupyterlab#4190, regressions fixed after #15207 and #17929). Checked
+        against the JupyterLab 4.6 bundle this project installs: the router passes `location.hash` to
+        `NotebookPanel.setFragment`, whose `heading=` branch compares `getHeadingId` of each heading."""
+        return f"{self.notebook}#heading={quote(heading_anchor(self.section), safe=_FRAGMENT_SAFE)}"
+
+    @property
+    def link(self) -> str:
+        """URL path of the section relative to the JupyterLab server root (`./course lab` serves `notebooks/`)."""
+        return f"/lab/tree/{self.href}"
+
     def __str__(self) -> str:
         causes = "\n".join(f"  {i}. {cause}" for i, cause in enumerate(self.causes, 1))
-        return (f"course_utils.explain: {self.title}\nLikely causes, in the order to check them:\n{causes}\n"
-                f"Fix: {self.fix}\nReproduced in chapter {self.chapter} ({self.notebook}), {self.section}.")
+        return (f"course_utils.explain: {self.title} [{self.id}]\nLikely causes, in the order to check them:\n"
+                f"{causes}\nFix: {self.fix}\nReproduced in chapter {self.chapter} ({self.notebook}), "
+                f"section \"{self.section}\": {self.link}")
+
+    def _repr_html_(self) -> str:
+        causes = "".join(f"<li>{html.escape(cause)}</li>" for cause in self.causes)
+        return (f"<div><b>course_utils.explain: {html.escape(self.title)}</b> <code>[{self.id}]</code>"
+                f"<br>Likely causes, in the order to check them:<ol>{causes}</ol>Fix: {html.escape(self.fix)}"
+                f"<br>Reproduced in chapter {self.chapter}: <a href=\"{html.escape(self.href, quote=False)}\">"
+                f"{html.escape(self.section)}</a></div>")
 
 
-# (pattern searched in "ExceptionType: message", explanation); the first match wins.
-RULES: list[tuple[str, Explanation]] = [
-    (r"Expected all tensors to be on the same device|is not on the expected device|"
-     r"Input type \(.*\) and weight type \(.*\) should be the same", Explanation(
-        "device mismatch",
-        ("the model was moved with .to(device) but the batch was not (or the reverse)",
-         "the targets, a mask or another extra input was left on the CPU",
-         "a tensor kept as a plain attribute instead of register_buffer did not move with the model"),
-        "move the model once and every batch with to_device(batch, device); check_devices(model, inputs, targets) "
-        "names every tensor on the wrong device",
-        3, "section 7 (device mismatch) and 8 (buffers)")),
-    (r"OutOfMemoryError|CUDA out of memory|DefaultCPUAllocator: can't allocate memory|not enough memory",
-     Explanation(
-        "out of memory",
-        ("the batch (activations saved for backward) is too large for the device",
-         "tensors kept alive by accident: losses stored without .item(), evaluation without no_grad",
-         "another process holds memory on the same GPU"),
-        "estimate_training_memory, then find_max_batch_size (with its safety margin); log loss.item(); "
-        "evaluate under torch.inference_mode()",
-        3, "sections 1-3 (out of memory)")),
-    (r"returned nan values|loss (is|became|=|:) ?nan|nan loss", Explanation(
-        "NaN in the loss or the gradients",
-        ("NaN or Inf in the data (missing values, division by zero in normalisation)",
-         "an unstable operation in the model, e.g. log(softmax(x)) instead of log_softmax",
-         "numerics: learning rate too high, exploding gradients, a bad initialisation"),
-        "find_nonfinite(batch) for the data, locate_nonfinite(model, x) for the layer, then lower the learning "
-        "rate or clip_grad_norm_; torch.autograd.detect_anomaly() names the backward op",
-        3, "sections 4-6 (NaN and Inf)")),
-    (r"Weights only load failed|weights_only", Explanation(
-        "torch.load refused to unpickle the file (weights_only=True)",
-        ("the file holds a whole pickled model (torch.save(model)) or another custom object",
-         "the file comes from someone else and may run code when unpickled"),
-        "save and load state_dict()s; use weights_only=False only for a file you made yourself",
-        4, "section 1 (state_dict versus the whole model)")),
-    (r"Attempting to deserialize object on a CUDA device", Explanation(
-        "a GPU checkpoint loaded on a machine without CUDA",
-        ("the checkpoint was saved from CUDA tensors and torch.load has no map_location",),
-        "torch.load(path, map_location='cpu', weights_only=True), or load_checkpoint (defaults to the model's device)",
-        4, "section 4 (map_location)")),
-    (r"Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|size mismatch for", Explanation(
-        "state_dict keys or shapes do not match the model",
-        ("a 'module.' prefix from DataParallel/DDP or '_orig_mod.' from torch.compile",
-         "a different head (number of classes) or a changed architecture",
-         "the wrong checkpoint for this model"),
-        "load_matching_state_dict(model, state_dict) strips the prefix, loads what matches and reports the rest; "
-        "strict=False alone hides the problem",
-        4, "section 5 (keys and shapes that don't match)")),
-    (r"mat1 and mat2 must have the same dtype|expected scalar type Half|"
-     r"Input type \(.*Half.*\) and bias type|must have the same dtype, but got (Float and Half|Half and Float)",
-     Explanation(
-        "dtype mismatch after .half()",
-        ("model.half() converted the weights while the inputs are still float32",),
-        "keep the model in float32 and run under torch.autocast (choose_autocast(device) picks the dtype)",
-        6, "section 1 (half precision)")),
-    (r"Expected more than 1 value per channel when training", Explanation(
-        "BatchNorm got a batch with one sample in training mode",
-        ("the last batch of the epoch holds a single sample (dataset size % batch size == 1)",),
-        "DataLoader(..., drop_last=True) for training; keep drop_last=False for validation, in model.eval()",
-        2, "section 3 (drop_last and BatchNorm)")),
-    (r"DataLoader worker \(pid\(s\)? ?[\d, ]*\) exited unexpectedly|Can't get attribute '.*' on <module '__main__'",
-     Explanation(
-        "a DataLoader worker died or could not load the dataset",
-        ("the Dataset class is defined in a notebook/__main__ and workers are started with spawn (macOS, Windows)",
-         "a crash inside __getitem__ in a worker: rerun with num_workers=0 to see it",
-         "workers killed for lack of shared memory (Docker: raise --shm-size)"),
-        "move the Dataset to an importable module; guard scripts with if __name__ == '__main__':",
-        2, "section 1 (num_workers)")),
-    (r"environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT) expected|ChildFailedError|torchrun exited|"
-     r"NCCL error|DistNetworkError|Default process group has not been initialized|"
-     r"address already in use|The server socket has failed to listen|Duplicate GPU detected", Explanation(
-        "a distributed job failed to start or a rank died",
-        ("the script was started with python instead of torchrun, so RANK/WORLD_SIZE are not set",
-         "one rank crashed: read the first failure's traceback, not the others' SIGTERM",
-         "the rendezvous port is taken or unreachable, or NCCL uses the wrong network interface",
-         "two ranks on one GPU with nccl"),
-        "torchrun --standalone --nproc-per-node=N -m your.module; set NCCL_SOCKET_IFNAME; debug with "
-        "TORCH_DISTRIBUTED_DEBUG=DETAIL and a short init_process_group timeout",
-        5, "the launch cell (section 2), the crash cell and section 8")),
-    (r"Got invalid dimensions for input|INVALID_ARGUMENT.*dimension", Explanation(
-        "ONNX Runtime rejected the input shape",
-        ("the model was exported without a dynamic batch axis, so only the example's batch size works",),
-        "export_onnx(model, (x,), path, dynamic_batch=True), then verify_onnx at several batch sizes",
-        6, "section 3 (ONNX with a dynamic batch axis)")),
-    (r"Could not guard on data-dependent expression|data-dependent", Explanation(
-        "torch.export cannot follow Python control flow that depends on tensor values",
-        ("an `if` on a tensor's value (e.g. x.sum() > 0) inside forward",),
-        "move the branch to the caller, or write it with torch.cond",
-        6, "section 4 (data-dependent control flow)")),
-    (r"has been modified by an inplace operation", Explanation(
-        "autograd needed a tensor that an in-place operation changed",
-        ("a trailing-underscore op (relu_, mul_, add_, ...) or x[...] = ... overwrote a value saved for backward",),
-        "use the out-of-place version (x = x.relu()) for tensors autograd saved; "
-        "torch.autograd.set_detect_anomaly(True) shows the forward line",
-        1, "section 3 (in-place operations)")),
-    (r"a leaf Variable that requires grad is being used in an in-place operation", Explanation(
-        "in-place update of a parameter outside torch.no_grad()",
-        ("a manual update w -= lr * w.grad while autograd is recording",),
-        "wrap the update in `with torch.no_grad():`",
-        1, "section 3 (forgetting grad.zero_() and other update mistakes)")),
-    (r"does not require grad and does not have a grad_fn", Explanation(
-        "backward() on a tensor that autograd did not record",
-        ("the loss was computed under torch.no_grad() / inference_mode",
-         "no input of the computation has requires_grad=True (parameters frozen or detached)",
-         "the loss was built from .item() / .detach() values"),
-        "compute the loss with grad enabled from tensors that require grad",
-        1, "section 4 (what backward() fills in)")),
-    (r"mat1 and mat2 shapes cannot be multiplied", Explanation(
-        "shape mismatch in a matrix multiply",
-        ("an input with the wrong number of features for the first Linear layer",
-         "a missing flatten/reshape, or a transpose on one branch of forward only"),
-        "print shapes before the failing line and write expected shapes in comments at the top of forward",
-        1, "section 5 (the dynamic graph)")),
+@dataclass(frozen=True)
+class Rule:
+    """One failure kind: its explanation, the regular expressions (one per real wording) searched in the
+    normalised message, and short message fragments shown in README's troubleshooting index."""
+
+    explanation: Explanation
+    patterns: tuple[str, ...]
+    examples: tuple[str, ...]
+
+    def matches(self, text: str) -> bool:
+        return any(re.search(pattern, text, flags=re.IGNORECASE) for pattern in self.patterns)
+
+
+def _rule(id, title, causes, fix, chapter, section, patterns, examples) -> Rule:
+    return Rule(Explanation(id, title, tuple(causes), fix, chapter, section), tuple(patterns), tuple(examples))
+
+
+# The first matching rule wins: driver and compiler problems before what they cause, timeouts before
+# launch failures, specific torch.compile/export kinds before the generic graph break.
+RULES: list[Rule] = [
+    _rule("cuda-driver", "PyTorch cannot use CUDA here: no driver, an old driver, or a CPU-only build",
+          ["the driver is older than the CUDA version the PyTorch wheel was built with",
+           "no NVIDIA driver or GPU at all (a CPU-only machine, a container started without --gpus)",
+           "a CPU-only PyTorch build (torch.version.cuda is None) with code that calls .cuda()"],
+          "update the driver, or install the wheel for an older CUDA (or a CUDA build at all); python -m "
+          "course_utils doctor names the driver and the wheel's CUDA; pick the device with get_device()",
+          1, "1. Pick the device once; a tensor carries it, and whether autograd tracks it",
+          [r"NVIDIA driver on your system is too old", r"Found no NVIDIA driver on your system",
+           r"Torch not compiled with CUDA enabled",
+           r"CUDA initialization: CUDA unknown error",
+           r"(RuntimeError|CUDA error)\s?:.{0,40}?CUDA driver version is insufficient"],
+          ["The NVIDIA driver on your system is too old", "Found no NVIDIA driver on your system",
+           "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version",
+           "AssertionError: Torch not compiled with CUDA enabled"]),
+    _rule("device-side-assert", "a CUDA kernel assertion: usually a label or index out of range",
+          ["a class label >= the number of outputs (or negative) in cross_entropy / nll_loss",
+           "an index >= the embedding's vocabulary size, or a bad gather/index_select index",
+           "CUDA reports errors asynchronously: the traceback may point at a later line"],
+          "rerun on the CPU (or with CUDA_LAUNCH_BLOCKING=1) for an exact message, then check "
+          "labels.min() >= 0 and labels.max() < num_classes before the loss",
+          3, "4. Data",
+          [r"device-side assert triggered", r"Assertion .?t >= 0 && t < n_classes.? failed",
+           r"Target -?\d+ is out of bounds", r"index out of range in self"],
+          ["CUDA error: device-side assert triggered", "Assertion t >= 0 && t < n_classes failed",
+           "Target 5 is out of bounds"]),
+    _rule("device-mismatch", "device mismatch",
+          ["the model was moved with .to(device) but the batch was not (or the reverse)",
+           "the targets, a mask or another extra input was left on the CPU",
+           "a tensor kept as a plain attribute instead of register_buffer did not move with the model"],
+          "move the model once and every batch with to_device(batch, device); check_devices(model, inputs, targets) "
+          "names every tensor on the wrong device",
+          3, "7. Model on one device, batch on another",
+          [r"Expected all tensors to be on the same device", r"found at least two devices",
+           r"is not on the expected device",
+           r"is on (CPU|GPU|CUDA)\b.{0,80}?but expected (it|them) to be on (GPU|CPU|CUDA)",
+           r"Expected object of (device type|backend) \w+ but got (device type|backend) \w+",
+           r"Input type \(torch\.cuda\.\w+\) and weight type \(torch\.(?!cuda)\w+\)",
+           r"Input type \(torch\.(?!cuda)\w+\) and weight type \(torch\.cuda\.\w+\)"],
+          ["Expected all tensors to be on the same device", "is not on the expected device",
+           "Expected object of device type cuda but got device type cpu",
+           "Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same"]),
+    _rule("out-of-memory", "out of memory",
+          ["the batch (activations saved for backward) is too large for the device",
+           "tensors kept alive by accident: losses stored without .item(), evaluation without no_grad",
+           "another process holds memory on the same GPU",
+           "cuBLAS/cuDNN could not allocate a workspace (CUBLAS_STATUS_ALLOC_FAILED, 'unable to find an engine'): "
+           "the same shortage in disguise"],
+          "estimate_training_memory, then find_max_batch_size (with its safety margin); log loss.item(); "
+          "evaluate under torch.inference_mode()",
+          3, "2. A real OOM, caught and retried",
+          [r"CUDA out of memory", r"OutOfMemoryError", r"CUDA error\s?(\(2\))?\s?:\s?out of memory",
+           r"RuntimeError: cuda runtime error \(2\) ?: ?out of memory",
+           r"DefaultCPUAllocator: (can't allocate memory|not enough memory)", r"(HIP|MPS backend) out of memory",
+           r"CUDA error: CUBLAS_STATUS_ALLOC_FAILED", r"unable to find an engine to execute this computation"],
+          ["CUDA out of memory", "torch.OutOfMemoryError", "CUDA error: out of memory",
+           "DefaultCPUAllocator: can't allocate memory"]),
+    _rule("distributed-timeout", "a collective timed out: one rank never joined it (a hang)",
+          ["one rank skipped the collective: uneven batches per rank, or a collective inside `if rank == 0:`",
+           "one rank crashed or is stuck elsewhere (a long save or evaluation on rank 0) while the others wait",
+           "NCCL/gloo cannot reach a peer: the wrong network interface"],
+          "make every rank run the same collectives (Join for uneven inputs); find the missing rank with "
+          "dist.monitored_barrier, TORCH_DISTRIBUTED_DEBUG=DETAIL, and a short timeout in init_process_group",
+          5, "7. A hang: one rank skips a collective",
+          [r"Watchdog caught collective operation timeout", r"Some NCCL operations have failed or timed out",
+           r"Timed out waiting \d+ ?ms for (recv|send)", r"failed to pass monitoredBarrier"],
+          ["Watchdog caught collective operation timeout", "Timed out waiting 1800000ms for recv operation",
+           "Rank 1 failed to pass monitoredBarrier"]),
+    _rule("rendezvous-failure", "the ranks could not meet: the rendezvous timed out, could not connect, or its port is taken",
+          ["a node or rank did not start, or points at the wrong --rdzv-endpoint / MASTER_ADDR:MASTER_PORT",
+           "a firewall blocks the port, or the machine name does not resolve",
+           "another job still holds the port (address already in use)"],
+          "on one machine use torchrun --standalone; across machines check the endpoint and port from every node, "
+          "and pick a free port for each job",
+          5, "10. Several machines, on one machine",
+          [r"RendezvousTimeoutError", r"RendezvousConnectionError", r"DistStoreError: Timed out",
+           r"Timed out after \d+ seconds waiting for (clients|workers)", r"client socket has (timed out|failed to connect)",
+           r"server socket has failed to (listen|bind)"],
+          ["RendezvousTimeoutError", "DistStoreError: Timed out after 1801 seconds waiting for clients",
+           "The server socket has failed to listen on any local network address", "RendezvousConnectionError"]),
+    _rule("distributed-launch", "a distributed job failed to start or a rank died",
+          ["the script was started with python instead of torchrun, so RANK/WORLD_SIZE are not set",
+           "one rank crashed: read the first failure's traceback (Root Cause), not the others' SIGTERM",
+           "NCCL cannot connect the ranks (wrong network interface, two ranks on one GPU): NCCL_DEBUG=INFO says why"],
+          "torchrun --standalone --nproc-per-node=N your_script.py; set NCCL_SOCKET_IFNAME; launch_torchrun shows "
+          "the failing rank's traceback",
+          5, "Launching it",
+          [r"environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) expected",
+           r"env:// rendezvous: \w+ not set", r"ChildFailedError",
+           r"failed \(exitcode: -?\d+\) local_rank:", r"torchrun exited with code",
+           r"Default process group has not been initialized", r"Duplicate GPU detected", r"NCCL error"],
+          ["environment variable RANK expected, but not set", "ChildFailedError", "NCCL error"]),
+    _rule("weights-only-load", "torch.load refused to unpickle the file (weights_only=True)",
+          ["the file holds a whole pickled model (torch.save(model)) or another custom object",
+           "the file comes from someone else and may run code when unpickled",
+           "the file is damaged (WeightsUnpickler error: Unsupported operand)"],
+          "save and load state_dict()s; allow-list a trusted class with torch.serialization.add_safe_globals; "
+          "use weights_only=False only for a file you made yourself",
+          4, "1. `torch.save(model)` versus `torch.save(model.state_dict())`",
+          [r"Weights only load failed", r"WeightsUnpickler error", r"Unsupported global: GLOBAL"],
+          ["Weights only load failed", "WeightsUnpickler error: Unsupported global: GLOBAL"]),
+    _rule("pickled-class-missing", "torch.load cannot find the class of a whole pickled model",
+          ["the file was written with torch.save(model): unpickling looks the class up by module and name",
+           "the class was defined in the training script (__main__) or has moved or been renamed since"],
+          "save and load state_dict()s; to read the old file once, import (or define) the class under the same "
+          "name before torch.load",
+          4, "1. `torch.save(model)` versus `torch.save(model.state_dict())`",
+          [r"(torch\.load|serialization\.py|unpickler\.load).{0,800}?Can't get attribute '[^']*' on <module",
+           r"Can't get attribute '[^']*' on <module '__main__' from '",
+           r"Can't get attribute '[^']*' on <module '__main__'$"],
+          ["Can't get attribute 'Net' on <module '__main__' from 'train.py'>"]),
+    _rule("cuda-checkpoint-on-cpu", "a GPU checkpoint loaded where its GPU does not exist",
+          ["the checkpoint was saved from CUDA tensors and torch.load has no map_location",
+           "it was saved on cuda:N and this machine has fewer GPUs (or none visible)",
+           "CUDA is installed but this PyTorch is a CPU-only build, or the driver is not usable"],
+          "torch.load(path, map_location='cpu', weights_only=True), or load_checkpoint (defaults to the model's device)",
+          4, "7. `map_location`: a GPU checkpoint on a CPU-only machine",
+          [r"Attempting to ?deserializ\w* object on (a )?CUDA device"],
+          ["Attempting to deserialize object on a CUDA device",
+           "Attempting to deserialize object on CUDA device 1 but torch.cuda.device_count() is 1"]),
+    _rule("corrupt-checkpoint", "the checkpoint file is truncated or not a checkpoint",
+          ["the save was interrupted (a crash or kill during torch.save) and left half a file",
+           "the download did not finish, or saved an HTML error page under the checkpoint's name"],
+          "download or save again; save_checkpoint writes a temporary file and renames it only when complete",
+          4, "9. Crash safety under a real `SIGKILL`",
+          [r"PytorchStreamReader failed reading (zip archive|file)", r"failed finding central directory",
+           r"unexpected EOF\W.{0,60}?The file might be corrupted", r"storage has wrong size: expected \d+ got \d+"],
+          ["PytorchStreamReader failed reading zip archive: failed finding central directory"]),
+    _rule("state-dict-mismatch", "state_dict keys or shapes do not match the model",
+          ["a 'module.' prefix from DataParallel/DDP or '_orig_mod.' from torch.compile",
+           "a different head (number of classes) or a changed architecture",
+           "the wrong checkpoint for this model, or a checkpoint dict passed instead of its 'state_dict' entry"],
+          "load_matching_state_dict(model, state_dict) strips the prefix, loads what matches and reports the rest; "
+          "strict=False alone hides the problem",
+          4, "8. Keys and shapes that don't match",
+          [r"Missing key\(s\) in state_dict", r"Unexpected key\(s\) in state_dict",
+           r"(unexpected|missing) keys? \"[^\"]*\" in state_dict", r"size mismatch for \S+: copying a param",
+           r"Error\(s\) in loading state_dict"],
+          ["Missing key(s) in state_dict", "Unexpected key(s) in state_dict",
+           "size mismatch for head.weight: copying a param with shape"]),
+    _rule("dtype-mismatch", "dtype mismatch between the weights and the inputs (e.g. after .half())",
+          ["model.half() (or bfloat16) converted the weights while the inputs are still float32",
+           "inputs built from NumPy arrive as float64"],
+          "keep the model in float32 and run under torch.autocast (choose_autocast(device) picks the dtype); "
+          "convert inputs with .float()",
+          6, "1. Half precision: `.half()` or `autocast`",
+          [r"(mat1|m1) and (mat2|m2) must have the same dtype",
+           r"expected (mat1|m1) and (mat2|m2) to have the same dtype",
+           r"expected dtype (float|Half|BFloat16|c10::Half|c10::BFloat16) for \S+ but got dtype",
+           r"expected scalar type (Half|Float|BFloat16|Double) but found (Half|Float|BFloat16|Double)",
+           r"Input type \([^)]*\) and (weight|bias) type \([^)]*\) should be the same"],
+          ["mat1 and mat2 must have the same dtype, but got Float and Half",
+           "expected scalar type Half but found Float",
+           "Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same"]),
+    _rule("batchnorm-single-sample", "BatchNorm got a batch with one sample in training mode",
+          ["the last batch of the epoch holds a single sample (dataset size % batch size == 1)",
+           "a batch size of 1 (or 1 per GPU) with BatchNorm in training mode"],
+          "DataLoader(..., drop_last=True) for training; keep drop_last=False for validation, in model.eval()",
+          2, "3. `drop_last` and BatchNorm",
+          [r"Expected more than 1 value per channel when training"],
+          ["Expected more than 1 value per channel when training"]),
+    _rule("dataloader-worker", "a DataLoader worker died or could not load the dataset",
+          ["the Dataset class is defined in a notebook/__main__ and workers are started with spawn (macOS, Windows)",
+           "something the workers need is a local function or lambda, which spawn cannot pickle",
+           "a crash inside __getitem__ in a worker: rerun with num_workers=0 to see it",
+           "workers killed for lack of memory (signal: Killed) or shared memory (Docker: raise --shm-size)"],
+          "move the Dataset to an importable module; guard scripts with if __name__ == '__main__':",
+          2, "1. `num_workers`: let other processes prepare the next batches",
+          [r"DataLoader worker (\(pid(\(s\))?[^)]*\) )?(exited unexpectedly|is killed by signal)",
+           r"Can't get attribute '[^']*' on <module '__main__'", r"Can't (get|pickle) local object"],
+          ["DataLoader worker (pid(s) 1234) exited unexpectedly", "DataLoader worker (pid 4024) is killed by signal",
+           "Can't get attribute 'MyDataset' on <module '__main__' (built-in)>",
+           "Can't pickle local object"]),
+    _rule("onnx-input-shape", "ONNX Runtime rejected the input shape",
+          ["the model was exported with fixed sizes, so only the example's batch size (or image size) works"],
+          "export_onnx(model, (x,), path, dynamic_batch=True), then verify_onnx at several batch sizes",
+          6, "3. ONNX with a dynamic batch axis",
+          [r"Got invalid dimensions for input", r"Invalid rank for input"],
+          ["INVALID_ARGUMENT : Got invalid dimensions for input"]),
+    _rule("export-data-dependent", "torch.export cannot follow Python control flow that depends on tensor values",
+          ["an `if` (or a shape) that depends on a tensor's values (e.g. x.sum() > 0) inside forward"],
+          "move the branch to the caller, or write it with torch.cond",
+          6, "4. Python control flow in `forward`",
+          [r"Could not guard on data-dependent expression", r"GuardOnDataDependentSymNode",
+           r"Dynamic control flow is not supported"],
+          ["Could not guard on data-dependent expression", "GuardOnDataDependentSymNode"]),
+    _rule("recompile-limit", "torch.compile recompiled too often and gave up (recompile limit)",
+          ["every new input shape (batch size, sequence length) compiles again with static shapes",
+           "a Python value that changes every call (a step counter, a float) is baked into the graph"],
+          "compile with dynamic=True or mark the varying dimension with torch._dynamo.mark_dynamic(x, 0); "
+          "TORCH_LOGS=recompiles says why",
+          6, "2. `torch.compile`, measured like for like",
+          [r"hit config\.(cache_size_limit|recompile_limit)", r"(cache_size_limit|recompile_limit) reached",
+           r"FailOnRecompileLimitHit"],
+          ["torch._dynamo hit config.recompile_limit (8)", "cache_size_limit reached"]),
+    _rule("compile-no-compiler", "torch.compile could not build its kernels",
+          ["no working C/C++ compiler (or Python headers) for the CPU backend",
+           "Triton missing or unusable for the GPU backend"],
+          "install a compiler (build-essential, python3-dev), check with python -m course_utils doctor; "
+          "try_compile falls back to eager and says why",
+          6, "2. `torch.compile`, measured like for like",
+          [r"InvalidCxxCompiler", r"No working C\+\+ compiler", r"CppCompileError", r"C\+\+ compile error",
+           r"Failed to find C compiler", r"Cannot find a working triton installation"],
+          ["InvalidCxxCompiler: No working C++ compiler found", "CppCompileError: C++ compile error",
+           "RuntimeError: Failed to find C compiler"]),
+    _rule("compile-graph-break", "torch.compile hit code it cannot trace (a graph break)",
+          ["a Python builtin, print, a C extension or .item() in forward that Dynamo cannot put in the graph",
+           "with fullgraph=True any graph break is an error; without it the model runs in pieces, slower"],
+          "remove the offending call from forward (or wrap it as a custom op / allow_in_graph); "
+          "TORCH_LOGS=graph_breaks lists every break",
+          6, "2. `torch.compile`, measured like for like",
+          [r"torch\._dynamo\.exc\.Unsupported", r"\bgraph[- ]breaks?\b", r"\[__graph_breaks\]",
+           r"Failed to trace builtin operator"],
+          ["torch._dynamo.exc.Unsupported", "Graph break due to unsupported builtin"]),
+    _rule("nan-loss", "NaN in the loss or the gradients",
+          ["NaN or Inf in the data (missing values, division by zero in normalisation)",
+           "an unstable operation in the model, e.g. log(softmax(x)) instead of log_softmax",
+           "numerics: learning rate too high, exploding gradients, float16 overflow, a bad initialisation"],
+          "find_nonfinite(batch) for the data, locate_nonfinite(model, x) for the layer, then lower the learning "
+          "rate or clip_grad_norm_; torch.autograd.detect_anomaly() names the backward op",
+          3, "4. Data",
+          [r"returned nan values", r"\bloss\b[\w `]{0,40}?(\bis\b|\bbecame\b|=|:)\s*['\"]?nan\b", r"\[loss\]\s*nan\b",
+           r"\bnan loss\b", r"Minimum loss scale reached", r"overflow detected, setting loss scale",
+           r"outputs? (is|are) nan\b"],
+          ["Function 'LogSoftmaxBackward0' returned nan values", "loss=nan", "Loss is nan, stopping training",
+           "FloatingPointError: Minimum loss scale reached"]),
+    _rule("inplace-modified", "autograd needed a tensor that an in-place operation changed",
+          ["a trailing-underscore op (relu_, mul_, add_, ...), inplace=True or x[...] = ... overwrote a value "
+           "saved for backward"],
+          "use the out-of-place version (x = x.relu()) for tensors autograd saved; "
+          "torch.autograd.set_detect_anomaly(True) shows the forward line",
+          1, "5. Pitfall: forgetting `grad.zero_()`, and other update mistakes",
+          [r"modified by an inplace operation"],
+          ["one of the variables needed for gradient computation has been modified by an inplace operation"]),
+    _rule("leaf-inplace", "in-place update of a parameter outside torch.no_grad()",
+          ["a manual update w -= lr * w.grad (or w[...] = ...) while autograd is recording"],
+          "wrap the update in `with torch.no_grad():`",
+          1, "5. Pitfall: forgetting `grad.zero_()`, and other update mistakes",
+          [r"leaf Variable that requires grad (is being|has been) used in an in-place operation"],
+          ["a leaf Variable that requires grad is being used in an in-place operation"]),
+    _rule("non-leaf-grad", "reading .grad of a tensor autograd does not fill (not a leaf)",
+          ["the parameter was converted (.to, .float(), * scale) after requires_grad=True, so you hold a copy",
+           "you read an intermediate result's .grad"],
+          "create the tensor on its device and dtype first, then requires_grad_(); call .retain_grad() for an "
+          "intermediate you want to inspect",
+          1, "3. Pitfall: converting a tensor after `requires_grad=True`",
+          [r"\.grad attribute of a Tensor that is not a leaf Tensor is being accessed"],
+          ["The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"]),
+    _rule("no-grad-fn", "backward() on a tensor that autograd did not record",
+          ["the loss was computed under torch.no_grad() / inference_mode",
+           "no input of the computation has requires_grad=True (parameters frozen or detached)",
+           "the loss was built from .item() / .detach() values"],
+          "compute the loss with grad enabled from tensors that require grad",
+          1, "2. What `backward()` fills in",
+          [r"does not require grad and does not have a grad_fn"],
+          ["element 0 of tensors does not require grad and does not have a grad_fn"]),
+    _rule("shape-mismatch", "shape mismatch in a matrix multiply or a broadcast",
+          ["an input with the wrong number of features for the first Linear layer",
+           "a missing flatten/reshape, or a transpose on one branch of forward only",
+           "a broadcast that pairs the wrong dimensions"],
+          "print shapes before the failing line and write expected shapes in comments at the top of forward",
+          1, "6. The dynamic graph: ordinary Python decides the computation",
+          [r"mat1 and mat2 shapes cannot be multiplied", r"size mismatch, m1: \[",
+           r"The size of tensor a \(\d+\) must match the size of tensor b"],
+          ["mat1 and mat2 shapes cannot be multiplied (64x2048 and 512x10)", "size mismatch, m1: [64 x 2048]",
+           "The size of tensor a (8) must match the size of tensor b (5)"]),
 ]
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_LINE_PREFIX = re.compile(r"^\s*(\[(rank|default)\d+\]:)+", flags=re.MULTILINE)
+
+
+def normalise(text: str) -> str:
+    """The message as the rules see it: without ANSI colour codes, `[rank0]:` / `[default2]:` line
+    prefixes, full-width punctuation (NFKC) and line wrapping (all whitespace runs become one space)."""
+    text = unicodedata.normalize("NFKC", _ANSI.sub("", text))
+    text = _LINE_PREFIX.sub("", text)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _message(error: BaseException | str) -> str:
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    if isinstance(error, str):
+        return error
+    raise TypeError(f"explain takes an exception or a message, got {type(error).__name__}")
 
 
 def explain(error: BaseException | str) -> Explanation | None:
-    """The `Explanation` of an exception (or its message) this course teaches; None if unknown."""
-    if isinstance(error, BaseException):
-        text = f"{type(error).__name__}: {error}"
-    elif isinstance(error, str):
-        text = error
-    else:
-        raise TypeError(f"explain takes an exception or a message, got {type(error).__name__}")
-    for pattern, explanation in RULES:
-        if re.search(pattern, text, flags=re.IGNORECASE | re.DOTALL):
-            return explanation
+    """The `Explanation` of an exception (or a pasted message) this course teaches; None if unknown."""
+    text = normalise(_message(error))
+    for rule in RULES:
+        if rule.matches(text):
+            return rule.explanation
     return None
 
 
+def explanation_by_id(id: str) -> Explanation:
+    """The explanation with this stable id (e.g. 'device-mismatch'); KeyError naming the known ids."""
+    for rule in RULES:
+        if rule.explanation.id == id:
+            return rule.explanation
+    raise KeyError(f"no explanation with id {id!r}; known: {', '.join(r.explanation.id for r in RULES)}")
+
+
+def troubleshooting_table() -> str:
+    """README's troubleshooting index, rendered from RULES (a test checks README contains exactly this)."""
+    rows = ["| You see (part of the message) | `explain()` id | What it is | Chapter, section |",
+            "|---|---|---|---|"]
+    for rule in RULES:
+        e = rule.explanation
+        seen = ", ".join(f"`{example}`" for example in rule.examples)
+        rows.append(f"| {seen} | `{e.id}` | {e.title} | {e.chapter}, “{e.section}” |")
+    return "\n".join(rows) + "\n"
+
+
 def _show_explanation(shell, etype, value, tb, tb_offset=None):
-    """IPython custom exception handler: the normal traceback, then the explanation if there is one."""
+    """IPython custom exception handler: the normal traceback, then the explanation if there is one,
+    as text and as HTML whose link opens the notebook section in JupyterLab."""
     shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
     explanation = explain(value)
     if explanation is not None:
-        print(f"\n{explanation}", file=sys.stdout)
+        from IPython.display import display
+        display({"text/plain": f"\n{explanation}", "text/html": explanation._repr_html_()}, raw=True)
 
 
 def load_ipython_extension(ipython) -> None:
-    """`%load_ext course_utils`: explain recognised errors under their tracebacks."""
+    """`%load_ext course_utils`: explain recognised errors under their tracebacks (and, in a GPU
+    test run, record that the kernel used CUDA: see `course_utils.cuda_evidence`)."""
+    from course_utils import cuda_evidence
     ipython.set_custom_exc((Exception,), _show_explanation)
+    cuda_evidence.register(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
