@@ -137,9 +137,9 @@ def _read(path: Path, map_location: Any) -> dict:
                               f"weights_only=False if you trust its author):\n{error}") from error
     except (RuntimeError, OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as error:
         first_sentence = str(error).split(". ")[0]          # PyTorch's advice that follows is about this file
-        raise CheckpointError(f"{path} is truncated or corrupt ({os.path.getsize(path):,} bytes), or not a file "
-                              f"torch.save wrote; if a save was interrupted, the write that produced it was: "
-                              f"{type(error).__name__}: {first_sentence}") from error
+        raise CheckpointError(f"{path} is truncated or corrupt ({os.path.getsize(path):,} bytes): torch.load "
+                              f"failed with {type(error).__name__}: {first_sentence}; if a save was interrupted, "
+                              f"this is what it left (otherwise it is not a file torch.save wrote)") from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint written by save_checkpoint "
                               f"(for a bare state_dict use model.load_state_dict(torch.load(...)))")
@@ -512,7 +512,9 @@ def check_load_matching(fn: Callable) -> Verdict:
     try:
         returned = fn(model, wrapped)
     except Exception as error:
-        observed = _raised(error)
+        mismatch = re.search(r"size mismatch for [^\n]*", str(error))   # the key line, whole
+        observed = (f"your function raised {type(error).__name__}: {mismatch[0].strip()}" if mismatch
+                    else _raised(error))
     else:
         now = model.state_dict()
         untouched = all(torch.equal(now[key], fresh[key]) for key in fresh)

@@ -20,7 +20,7 @@ def build(num_workers: int):
     seed_everything(0)                    # Python, NumPy and torch: two fresh runs must agree
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
     data = TensorDataset(torch.randn(8 * BATCHES_PER_EPOCH, 6), torch.randn(8 * BATCHES_PER_EPOCH, 1))
     shuffle = torch.Generator().manual_seed(1)
     loader = DataLoader(data, batch_size=8, shuffle=True, generator=shuffle, num_workers=num_workers,
