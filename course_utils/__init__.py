@@ -12,8 +12,8 @@ from course_utils.data import LoaderStats, SyntheticImages, benchmark_loader, co
 from course_utils.devices import (DeviceMismatchError, check_devices, check_mean_kept_output, get_device,
                                   named_tensors, to_device, torch_threads)
 from course_utils.distributed import (TorchrunFailed, TorchrunResult, check_accumulate_no_sync, check_epoch_shards,
-                                      check_eval_shard, check_save_checkpoint_once, count_allreduces, free_port, free_ports,
-                                      global_batch_size, is_main_process, launch_torchrun, rank_zero_only,
+                                      check_eval_shard, check_save_checkpoint_once, count_allreduces, free_port,
+                                      free_ports, global_batch_size, is_main_process, launch_torchrun, rank_zero_only,
                                       script_variant, seed_for_rank, shard_indices, single_process_group,
                                       still_running, worker_pids)
 from course_utils.environment import DoctorReport, cpp_compiler, doctor, hardware_summary, idle_cores

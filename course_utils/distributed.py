@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -134,18 +135,34 @@ def _worker_traceback(output: str) -> str:
         end = start + 1
         while end < len(lines) and lines[end].startswith(prefix) and lines[end][len(prefix):].startswith((" ", "\t")):
             end += 1
-        block = "\n".join(lines[start:end + 1])
-        if "ChildFailedError" not in block:  # torchrun's own traceback only says a child failed
-            return _shorten_paths(block)
+        block = lines[start:end + 1]
+        if "ChildFailedError" not in "\n".join(block):  # torchrun's own traceback only says a child failed
+            return _shorten_paths("\n".join(_without_library_frames(block, prefix)))
     if "Root Cause" in output:
         return output[output.index("Root Cause"):].strip()
     return "\n".join(lines[-15:])
 
 
+def _without_library_frames(block: list[str], prefix: str) -> list[str]:
+    """A traceback's lines without the frames inside installed packages (torch's internals) and
+    without C++ source locations (`[/path/file.cc:78] `): the learner's lines and the error."""
+    kept, skipped, in_library = [], 0, False
+    for line in block[:-1]:
+        body = line[len(prefix):]
+        if body.startswith("  File "):
+            in_library = "site-packages" in body or sys.prefix in body
+            skipped += in_library
+        if not in_library:
+            kept.append(line)
+    if skipped:
+        kept.append(f"{prefix}  ... {skipped} frame{'s' if skipped > 1 else ''} inside torch left out")
+    return kept + [re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\] ", "", block[-1])]
+
+
 def _shorten_paths(text: str) -> str:
     """Paths relative to the course folder, and `<env>` for the Python environment: shorter to read."""
     course_root = str(Path(__file__).resolve().parent.parent) + os.sep
-    return text.replace(course_root, "").replace(sys.prefix + os.sep, "<env>" + os.sep)
+    return text.replace(sys.prefix + os.sep, "<env>" + os.sep).replace(course_root, "")   # the env may be inside
 
 
 def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: float = 120.0,
@@ -253,23 +270,32 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 # --- small tools for the chapter's cells ----------------------------------------------------
 
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports on 127.0.0.1 that nothing listens on right now (rendezvous
+    endpoints): all are held open together while chosen, so no two can be the same."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (for a rendezvous endpoint)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def script_variant(script: str | Path, old: str, new: str, to: str | Path) -> str:
-    """Write a copy of `script` to `to` with the one occurrence of `old` replaced by `new`, and
-    return the change as a unified diff (so a notebook shows exactly what differs)."""
-    text = Path(script).read_text()
-    if text.count(old) != 1:
-        raise ValueError(f"{old!r} occurs {text.count(old)} times in {Path(script).name}; it must occur exactly once")
-    changed = text.replace(old, new)
-    Path(to).write_text(changed)
-    diff = difflib.unified_diff(text.splitlines(keepends=True), changed.splitlines(keepends=True),
-                                Path(script).name, Path(to).name, n=0)
+    """Write a copy of `script` to `to` in which the one line containing `old` is replaced, whole
+    (comment included), by the line(s) `new` (`""` deletes it); return the change as a unified diff
+    (so a notebook shows exactly what differs)."""
+    lines = Path(script).read_text().splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if old in line]
+    if len(hits) != 1:
+        raise ValueError(f"{old!r} occurs on {len(hits)} lines of {Path(script).name}; it must occur on exactly one")
+    changed = lines[:hits[0]] + [line + "\n" for line in new.splitlines()] + lines[hits[0] + 1:]
+    Path(to).write_text("".join(changed))
+    diff = difflib.unified_diff(lines, changed, Path(script).name, Path(to).name, n=0)
     return "".join(line for line in diff if not line.startswith("@@"))
 
 
@@ -375,7 +401,7 @@ def check_save_checkpoint_once(fn: Callable) -> Verdict:
                 return report_check("save_checkpoint_once", False, None, [])
             if written_by_rank_1:
                 observed = ("rank 1 wrote the checkpoint too: with N ranks the same file is written N times, "
-                            "and one rank can be truncating it while another reads it")
+                            "all to the same path")
             elif not path.exists():
                 observed = "rank 0 did not write the checkpoint"
             elif set(barrier_saw_file) != {0, 1}:

@@ -1,6 +1,8 @@
 """Chapter 5: distributed helpers, the DDP script end to end under a real torchrun, and the exercise checks."""
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 import course_utils
-from course_utils.distributed import (TorchrunFailed, count_allreduces, free_port, global_batch_size,
+from course_utils.distributed import (TorchrunFailed, count_allreduces, free_port, free_ports, global_batch_size,
                                       is_main_process, launch_torchrun, rank_zero_only, script_variant,
                                       seed_for_rank, shard_indices, single_process_group, still_running,
                                       worker_pids)
@@ -145,14 +147,47 @@ def test_the_script_refuses_to_run_without_a_log_folder(monkeypatch):
 
 # --- chapter tools -------------------------------------------------------------------------
 
-def test_script_variant_writes_the_change_and_shows_it_as_a_diff(tmp_path):
+def test_script_variant_replaces_whole_lines_and_shows_the_diff(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text("a = 1\nsampler.set_epoch(epoch)\nb = 2\n")
-    diff = script_variant(script, "sampler.set_epoch(epoch)", "pass", to=tmp_path / "bad.py")
-    assert (tmp_path / "bad.py").read_text() == "a = 1\npass\nb = 2\n"
-    assert "-sampler.set_epoch(epoch)\n" in diff and "+pass\n" in diff and "a = 1" not in diff
-    with pytest.raises(ValueError, match="exactly once"):
+    script.write_text("a = 1\n    sampler.set_epoch(epoch)  # DDP: reshuffle\nb = 2  # two\n")
+    diff = script_variant(script, "set_epoch", "    pass  # forgotten", to=tmp_path / "bad.py")
+    assert (tmp_path / "bad.py").read_text() == "a = 1\n    pass  # forgotten\nb = 2  # two\n"   # old comment gone
+    assert "-    sampler.set_epoch(epoch)  # DDP: reshuffle\n" in diff and "+    pass  # forgotten\n" in diff
+    assert "a = 1" not in diff
+    diff = script_variant(script, "set_epoch", "", to=tmp_path / "deleted.py")
+    assert (tmp_path / "deleted.py").read_text() == "a = 1\nb = 2  # two\n" and "+" not in diff.replace("+++", "")
+    diff = script_variant(script, "b = 2", "b = 2\nc = 3", to=tmp_path / "two.py")
+    assert (tmp_path / "two.py").read_text().endswith("b = 2\nc = 3\n") and "+b = 2\n+c = 3\n" in diff
+    with pytest.raises(ValueError, match="exactly one"):
         script_variant(script, "missing", "x", to=tmp_path / "x.py")
+    with pytest.raises(ValueError, match="exactly one"):
+        script_variant(script, " = ", "x", to=tmp_path / "x.py")
+
+
+def test_worker_traceback_keeps_the_learners_frames_and_the_error_line():
+    from course_utils.distributed import _worker_traceback
+    library = f"{sys.prefix}/lib/python3.11/site-packages/torch/autograd/graph.py"
+    output = "\n".join([
+        "W1203 some launcher warning",
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/somewhere/uneven.py", line 16, in <module>',
+        "[rank0]:     model(x).backward()",
+        f'[rank0]:   File "{library}", line 979, in _engine_run_backward',
+        "[rank0]:     return Variable._execution_engine.run_backward(",
+        "[rank0]: RuntimeError: [/__w/pytorch/third_party/gloo/unbound_buffer.cc:78] Timed out waiting 3000ms",
+        "E1203 torchrun: ChildFailedError"])
+    shown = _worker_traceback(output)
+    assert "uneven.py" in shown and "model(x).backward()" in shown
+    assert "graph.py" not in shown and "run_backward" not in shown and "1 frame inside torch left out" in shown
+    assert shown.endswith("[rank0]: RuntimeError: Timed out waiting 3000ms")
+
+
+def test_shorten_paths_names_the_environment_even_inside_the_course_folder(monkeypatch):
+    from course_utils import distributed
+    course_root = str(Path(distributed.__file__).resolve().parent.parent)
+    monkeypatch.setattr(sys, "prefix", f"{course_root}/.venv")
+    shown = distributed._shorten_paths(f"{course_root}/.venv/lib/x.py and {course_root}/notebooks/a.py")
+    assert shown == "<env>/lib/x.py and notebooks/a.py"
 
 
 def test_no_sync_leaves_one_allreduce_per_accumulated_step():
@@ -175,10 +210,15 @@ def test_single_process_group_is_destroyed_on_error():
     assert not torch.distributed.is_initialized()
 
 
-def test_free_port_can_be_bound():
+def test_free_port_can_be_bound_and_free_ports_differ():
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", free_port()))
+    ports = free_ports(5)
+    assert len(set(ports)) == 5
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 # --- exercises: each reference passes, each planted bug alone is rejected --------------------
