@@ -125,9 +125,16 @@ class TorchrunResult(ReadableResult):
         return f"torchrun exited with {self.returncode} after {self.seconds:.1f} s; {len(self.logs)} rank logs"
 
 
+# A rank that fails because *another* rank died or left says so; its traceback is a symptom.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "caused by a remote worker crashing")
+
+
 def _worker_traceback(output: str) -> str:
-    """The first worker traceback in torchrun's output; else its "Root Cause" summary; else the tail."""
+    """The worker traceback that explains the failure: the first one that is not merely a rank noticing
+    that a peer died (those come first when the failing rank is slower to print); else torchrun's
+    "Root Cause" summary; else the tail of the output."""
     lines = output.splitlines()
+    blocks = []
     for start, line in enumerate(lines):
         if "Traceback (most recent call last)" not in line:
             continue
@@ -137,7 +144,10 @@ def _worker_traceback(output: str) -> str:
             end += 1
         block = lines[start:end + 1]
         if "ChildFailedError" not in "\n".join(block):  # torchrun's own traceback only says a child failed
-            return _shorten_paths("\n".join(_without_library_frames(block, prefix)))
+            blocks.append((block, prefix))
+    if blocks:
+        block, prefix = next(((b, p) for b, p in blocks if not any(s in b[-1] for s in _PEER_GONE)), blocks[0])
+        return _shorten_paths("\n".join(_without_library_frames(block, prefix)))
     if "Root Cause" in output:
         return output[output.index("Root Cause"):].strip()
     return "\n".join(lines[-15:])

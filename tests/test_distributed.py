@@ -304,3 +304,22 @@ def test_a_check_reports_an_exception_instead_of_raising(learner):
         verdict = getattr(course_utils, f"check_{name}")(broken)
         assert not verdict and "KeyError" in str(verdict)
     assert not torch.distributed.is_initialized()
+
+
+def test_the_traceback_shown_is_the_cause_not_a_peer_noticing_it():
+    from course_utils.distributed import _worker_traceback
+    output = "\n".join([
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "train.py", line 19, in <module>',
+        "[rank1]:     dist.barrier()",
+        "[rank1]: RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:48817. This is typically "
+        "caused by a remote worker crashing.",
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "train.py", line 17, in <module>',
+        "[rank0]:     dist.monitored_barrier(timeout=timeout)",
+        "[rank0]: RuntimeError: Rank 1 failed to pass monitoredBarrier in 2000 ms",
+    ])
+    shown = _worker_traceback(output)
+    assert "Rank 1 failed to pass monitoredBarrier" in shown and "Connection closed" not in shown
+    only_symptom = output.split("\n[rank0]")[0]
+    assert "Connection closed by peer" in _worker_traceback(only_symptom)      # nothing better: show it
