@@ -182,11 +182,18 @@ def test_chapter1_learning_rate_slider_redraws_the_plot(lab, browser):
         before_value, before_plot = readout.inner_text(), _plot_fingerprint(page)
         assert before_plot != hashlib.sha256(b"").hexdigest(), "the widget shows no plot"
         handle = slider.locator(".noUi-handle").first
-        box = handle.bounding_box()
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.mouse.down()
-        page.mouse.move(box["x"] + 200, box["y"] + box["height"] / 2, steps=10)   # drag to a larger rate
-        page.mouse.up()
+        for _ in range(3):    # the notebook may still re-lay out (images loading) between measuring and dragging
+            slider.scroll_into_view_if_needed()
+            box = handle.bounding_box()
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.mouse.down()
+            page.mouse.move(box["x"] + 200, box["y"] + box["height"] / 2, steps=10)   # drag to a larger rate
+            page.mouse.up()
+            moved = time.monotonic() + 5
+            while readout.inner_text() == before_value and time.monotonic() < moved:
+                time.sleep(0.25)
+            if readout.inner_text() != before_value:
+                break
         deadline = time.monotonic() + 30
         while _plot_fingerprint(page) == before_plot and time.monotonic() < deadline:
             time.sleep(0.5)
