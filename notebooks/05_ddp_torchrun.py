@@ -25,18 +25,17 @@
 #
 # **Hardware and time.** On a CPU laptop (and in CI) each job runs **2 processes with the `gloo` backend**;
 # on a machine with several GPUs the training script of sections 2–6 runs one process per GPU with `nccl`.
-# Each `torchrun` launch starts fresh Python processes that import torch, and the eight launches make up
-# nearly all of the *Run All* time. On the 2-core CPU of the stored run, whose cores other jobs were sharing,
-# it took between 60 s (each launch about 7 s) and 2 minutes (each launch about 14 s) depending on that
-# load; expect the lower figure or less on an idle machine.
+# Each `torchrun` launch starts fresh Python processes that import torch (about 1.5 s each here), and the seven
+# launches make up nearly all of the *Run All* time: on the 2-core CPU of the stored run, 41 s of cells on an
+# idle machine and 52 s while another process kept one core busy (each launch 4–11 s).
 
 # %%
 import json
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,8 +47,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from course_utils import (TorchrunFailed, check_accumulate_no_sync, check_epoch_shards, check_eval_shard,
-                          check_save_checkpoint_once, exercise, expect_error, free_ports, get_device,
+from course_utils import (check_accumulate_no_sync, check_epoch_shards, check_eval_shard,
+                          check_save_checkpoint_once, exercise, free_ports, get_device,
                           hardware_summary, launch_torchrun, mlp, progress, script_variant, seed_everything)
 
 # %load_ext course_utils
@@ -345,16 +344,21 @@ assert abs(padded_mse - errors.mean().item()) > 1e-4
 # ## 7. A hang: one rank skips a collective
 #
 # Every collective — the gradient all-reduce in `backward()`, `barrier()`, `all_reduce` — waits for **every**
-# rank. If one rank skips one, the others wait: by default for 10 minutes (30 with `gloo`), while the job
-# looks alive and burns its allocation. A common way to get there is uneven inputs: below, rank 1 has 3
-# batches and rank 0 has 5, so rank 1 finishes its loop and waits at the final `barrier()` while rank 0 waits
-# in its fourth backward for a gradient all-reduce rank 1 will never join. A short `timeout=` in
-# `init_process_group` turns the hang into an error after 3 s. (The scripts of sections 7–8 use `gloo` on
-# every machine, GPUs or not: `monitored_barrier` below needs it, and the hang is the same with `nccl`.)
+# rank. If one rank skips one, the others wait: by default for 10 minutes with `nccl`, 30 with `gloo`, while
+# the job looks alive and burns its allocation. A common way to get there is uneven inputs: below, rank 0 has
+# 3 batches and rank 1 has 5, so rank 0 leaves its loop while rank 1 waits in its fourth `backward()` for a
+# gradient all-reduce that rank 0 will never join. Two lines of the script turn that hang into a diagnosis:
+#
+# - `timeout=` in `init_process_group`: every collective now fails after 3 s instead of 30 minutes;
+# - `dist.monitored_barrier(timeout=...)` where a rank is done: rank 0 waits there for each other rank in
+#   turn and, when one does not arrive (or dies on the way), raises an error that **names it**.
+#
+# (The scripts of sections 7–8 use `gloo` on every machine, GPUs or not: `monitored_barrier` needs it, and
+# the hang is the same with `nccl`.)
 
 # %%
 # %%writefile artifacts/ch5/uneven.py
-"""Rank 0 has 5 batches, rank 1 only 3: the collectives of steps 4 and 5 have no partner on rank 1."""
+"""Rank 0 has 3 batches, rank 1 has 5: rank 1's all-reduces of steps 4 and 5 have no partner."""
 import datetime
 import torch
 import torch.distributed as dist
@@ -366,35 +370,34 @@ rank = dist.get_rank()
 torch.manual_seed(rank)
 model = DDP(nn.Linear(4, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-batches = [torch.randn(8, 4) for _ in range(5 if rank == 0 else 3)]
+batches = [torch.randn(8, 4) for _ in range(3 if rank == 0 else 5)]
 for x in batches:
     optimizer.zero_grad()
     model(x).pow(2).mean().backward()           # all-reduce: waits for every rank's gradients of this step
     optimizer.step()
-dist.barrier()
+dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))     # rank 0 names any rank that does not come
 dist.destroy_process_group()
 
 # %%
-uneven = runs / "uneven.py"
-started = time.monotonic()
-with expect_error(TorchrunFailed, match="Timed out waiting 3000ms|Connection closed by peer"):
-    launch_torchrun(str(uneven), 2, log_dir=runs / "hang", timeout_s=120, echo=False)
-print(f"failed after {time.monotonic() - started:.0f} s (startup included), not after 30 minutes")
+hung = launch_torchrun(str(runs / "uneven.py"), 2, log_dir=runs / "hang", timeout_s=120, echo=False, check=False)
+last_error = {}                              # each rank's error: the last line of its traceback
+for line in hung.output.splitlines():
+    if line.startswith("[rank") and "Error: " in line:
+        rank, message = line.split(": ", 1)
+        last_error[rank] = re.sub(r"\[/\S+:\d+\] ", "", message)   # without the C++ source location
+for rank, message in sorted(last_error.items()):
+    print(f"{rank}: {message}")
+print(f"exit code {hung.returncode} after {hung.seconds:.0f} s (startup included), not after 30 minutes")
+assert hung.returncode != 0 and "Timed out waiting 3000ms" in last_error["[rank1]"]
+assert "Rank 1 failed to pass monitoredBarrier" in last_error["[rank0]"]
 
 # %% [markdown]
-# Both ranks time out after 3 s, and the traceback shown is the first one torchrun printed: a rank's own
-# `Timed out waiting 3000ms`, or, when the other rank timed out and exited a moment earlier, `Connection
-# closed by peer`. The job now fails instead of hanging, but neither message says who was missing. To learn
-# **which rank never arrived**, put `dist.monitored_barrier(timeout=...)` (gloo) just before the collective
-# you suspect: rank 0 waits for each rank in turn and names the ones that did not come.
-
-# %%
-monitored = runs / "uneven_monitored.py"
-print(script_variant(uneven, "for x in batches:",
-                     "for x in batches:\n    dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))",
-                     to=monitored))
-with expect_error(TorchrunFailed, match="Rank 1 failed to pass monitoredBarrier"):
-    launch_torchrun(str(monitored), 2, log_dir=runs / "monitored", timeout_s=120, echo=False)
+# Rank 1's error is what the timeout alone gives you: *its* all-reduce timed out — not which rank it was
+# waiting for. Rank 0's names the culprit: rank 1 never reached the `monitored_barrier` (rank 0 reports it as
+# soon as rank 1 dies, without waiting out its own 10 s). Put `monitored_barrier` just before the collective you
+# suspect; it is slow (rank 0 checks in with every rank one by one), so it is a debugging tool, not something
+# to leave in every step. `launch_torchrun` with its default `check=True` raises `TorchrunFailed` quoting the
+# traceback of the rank that failed first, here rank 1.
 
 # %% [markdown]
 # On a real cluster, two more tools: `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment makes every
@@ -407,8 +410,8 @@ with expect_error(TorchrunFailed, match="Rank 1 failed to pass monitoredBarrier"
 # Padding every rank to the same number of batches (what `DistributedSampler` does) avoids the hang, but
 # not every data source can be padded (streams, filtered data, variable-length batching). The `Join` context
 # manager lets a rank that runs out of batches keep answering the others' all-reduces (with zero
-# gradients) until everyone is done. The script of section 7 with its loop inside `Join`, counting the steps
-# each rank really took:
+# gradients) until everyone is done. The script of section 7 with its loop inside `Join` (and no
+# `monitored_barrier`), counting the steps each rank really took:
 
 # %%
 # %%writefile artifacts/ch5/uneven_join.py
@@ -425,7 +428,7 @@ rank = dist.get_rank()
 torch.manual_seed(rank)
 model = DDP(nn.Linear(4, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-batches = [torch.randn(8, 4) for _ in range(5 if rank == 0 else 3)]
+batches = [torch.randn(8, 4) for _ in range(3 if rank == 0 else 5)]
 steps = 0
 with Join([model]):                    # Join: a rank out of batches answers the others' all-reduces
     for x in batches:
@@ -442,12 +445,12 @@ dist.destroy_process_group()
 # %%
 fixed = launch_torchrun(str(runs / "uneven_join.py"), 2, log_dir=runs / "join", timeout_s=120, echo=False)
 print(fixed, {log["rank"]: f"{log['steps']} steps" for log in fixed.logs})
-assert [log["steps"] for log in fixed.logs] == [5, 3]             # no timeout: rank 0 ran its last 2 steps
-assert fixed.logs[0]["weights"] == fixed.logs[1]["weights"]      # and rank 1 applied them too: replicas agree
+assert [log["steps"] for log in fixed.logs] == [3, 5]             # no timeout: rank 1 ran its last 2 steps
+assert fixed.logs[0]["weights"] == fixed.logs[1]["weights"]      # and rank 0 applied them too: replicas agree
 
 # %% [markdown]
-# One detail: in rank 0's last two steps, the all-reduce still divides by the **initial** world size, 2, while
-# rank 1 contributes zeros, so rank 0's gradients count half. `model.join(divide_by_initial_world_size=False)`
+# One detail: in rank 1's last two steps, the all-reduce still divides by the **initial** world size, 2, while
+# rank 0 contributes zeros, so rank 1's gradients count half. `model.join(divide_by_initial_world_size=False)`
 # (or `Join([model], divide_by_initial_world_size=False)`) divides by the ranks still training instead; which
 # is right depends on whether you want every sample or every step to weigh the same.
 
@@ -524,7 +527,7 @@ def node(node_rank, port, join_timeout_s=60):
         "--rdzv-id=ch5", f"--rdzv-conf=join_timeout={join_timeout_s}", "--max-restarts=0"))
 
 
-port, wrong_port = free_ports(2)                       # two different free ports (the second is for below)
+port, lonely_port = free_ports(2)                      # two different free ports (the second is for below)
 with ThreadPoolExecutor(2) as pool:                    # two terminals, one per node
     nodes = list(pool.map(node, [0, 1], [port, port]))
 for n in nodes:
@@ -542,20 +545,17 @@ assert all("of 2" in n.output and "sum of ranks 1" in n.output for n in nodes)
 # - Nodes with several network interfaces: tell the backend which to use, `GLOO_SOCKET_IFNAME=eth0` or
 #   `NCCL_SOCKET_IFNAME=eth0` (`NCCL_DEBUG=INFO` prints what NCCL picked).
 #
-# **A wrong endpoint, or a missing node.** Node 1 is given the wrong port (`wrong_port`, picked together with
-# `port` so the two differ). Both addresses are this machine, so node 1 opens a rendezvous of its own there,
-# and each node waits for a second node that never comes, until `join_timeout` (default 600 s; 3 s here).
-# Node 0 sees exactly what it would see if node 1 were never started, or if a firewall blocked the port;
-# across machines, node 1 itself would fail to connect instead. The error carries no message: its name, at
-# the end of torchrun's traceback, after the join timeout, is the whole symptom.
+# **A missing node, or a wrong endpoint.** Node 0 is started at `lonely_port` and node 1 never comes. Node 0
+# waits for it until `join_timeout` (default 600 s; 2 s here) and fails. This is all node 0 ever sees when node
+# 1 was not started, was given another `--rdzv-endpoint`, or cannot reach the port through a firewall (node 1
+# itself would then fail to connect, or wait at its own wrong endpoint). The error carries no message: its
+# name, at the end of torchrun's traceback, after the join timeout, is the whole symptom.
 
 # %%
-with ThreadPoolExecutor(2) as pool:
-    lost = list(pool.map(node, [0, 1], [port, wrong_port], [3, 3]))
-for n in lost:
-    print(f"exit code {n.returncode} after {n.seconds:.0f} s; last line: {n.output.strip().splitlines()[-1]}")
-assert all(n.returncode != 0 and n.output.strip().endswith("RendezvousTimeoutError") for n in lost)
-assert all(n.seconds >= 3 for n in lost)                # each waited out its join_timeout
+lost = node(0, lonely_port, join_timeout_s=2)
+print(f"exit code {lost.returncode} after {lost.seconds:.0f} s; last line: {lost.output.strip().splitlines()[-1]}")
+assert lost.returncode != 0 and lost.output.strip().endswith("RendezvousTimeoutError")
+assert lost.seconds >= 2                                 # it waited out its join_timeout
 
 # %% [markdown]
 # On a machine with exactly one GPU, the jobs above ran on the CPU (two ranks cannot share one GPU with
