@@ -20,7 +20,7 @@
 # forgotten `set_epoch`, every rank saving and the same seed on every rank do; evaluate each validation sample
 # exactly once; make a hang fail in seconds and name the rank that never arrived; train on uneven inputs with
 # `Join`; count the all-reduces `no_sync()` saves; and form a two-node job on one machine, including what a
-# wrong endpoint looks like. **You write the PyTorch; `course_utils` holds the hardened versions** (a
+# missing node looks like. **You write the PyTorch; `course_utils` holds the hardened versions** (a
 # launcher that streams output, times out and kills every worker; the chapter's checks).
 #
 # **Hardware and time.** On a CPU laptop (and in CI) each job runs **2 processes with the `gloo` backend**;
@@ -358,7 +358,7 @@ assert abs(padded_mse - errors.mean().item()) > 1e-4
 
 # %%
 # %%writefile artifacts/ch5/uneven.py
-"""Rank 0 has 3 batches, rank 1 has 5: rank 1's all-reduces of steps 4 and 5 have no partner."""
+"""Rank 0 has 3 batches, rank 1 has 5: rank 1's all-reduce in step 4 has no partner (it never gets to 5)."""
 import datetime
 import torch
 import torch.distributed as dist
@@ -383,27 +383,37 @@ hung = launch_torchrun(str(runs / "uneven.py"), 2, log_dir=runs / "hang", timeou
 last_error = {}                              # each rank's error: the last line of its traceback
 for line in hung.output.splitlines():
     if line.startswith("[rank") and "Error: " in line:
-        rank, message = line.split(": ", 1)
-        last_error[rank] = re.sub(r"\[/\S+:\d+\] ", "", message)   # without the C++ source location
-for rank, message in sorted(last_error.items()):
-    print(f"{rank}: {message}")
+        prefix, message = line.split(": ", 1)                  # "[rank1]", "RuntimeError: ..."
+        last_error[prefix] = re.sub(r"\[/\S+:\d+\] ", "", message)   # without the C++ source location
+for prefix, message in sorted(last_error.items()):
+    print(f"{prefix}: {message}")
 print(f"exit code {hung.returncode} after {hung.seconds:.0f} s (startup included), not after 30 minutes")
 assert hung.returncode != 0 and "Timed out waiting 3000ms" in last_error["[rank1]"]
 assert "Rank 1 failed to pass monitoredBarrier" in last_error["[rank0]"]
 
 # %% [markdown]
 # Rank 1's error is what the timeout alone gives you: *its* all-reduce timed out — not which rank it was
-# waiting for. Rank 0's names the culprit: rank 1 never reached the `monitored_barrier` (rank 0 reports it as
-# soon as rank 1 dies, without waiting out its own 10 s). Put `monitored_barrier` just before the collective you
-# suspect; it is slow (rank 0 checks in with every rank one by one), so it is a debugging tool, not something
-# to leave in every step. `launch_torchrun` with its default `check=True` raises `TorchrunFailed` quoting the
-# traceback of the rank that failed first, here rank 1.
+# waiting for. (It times out because rank 0 is still alive, waiting in `monitored_barrier`; had rank 0 simply
+# exited, rank 1 would get `Connection closed by peer` instead, the other symptom in the table at the end.)
+# Rank 0's error names the culprit: rank 1 never reached the `monitored_barrier`. Rank 0 reports it as soon as
+# rank 1 dies; the `10000 ms` in its message is the limit it was given, not the time it waited. Put
+# `monitored_barrier` just before the collective you suspect; it is slow (rank 0 checks in with every rank one
+# by one), so it is a debugging tool, not something to leave in every step. `launch_torchrun` with its default
+# `check=True` raises `TorchrunFailed` quoting the traceback of the rank that failed first — usually rank 1's
+# here.
 
 # %% [markdown]
 # On a real cluster, two more tools: `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment makes every
 # collective check that all ranks call the same one with the same shapes (and report the mismatch), and
 # `py-spy dump --pid PID` on a hung worker prints its Python stack — the line each rank is stuck on.
-# `monitored_barrier` is gloo-only: with `nccl`, make a side group with `dist.new_group(backend="gloo")` for it.
+# `monitored_barrier` is gloo-only; with `nccl`, create a gloo side group once, on every rank, after
+# `init_process_group`, and pass it in (`wait_all_ranks=True` lists every missing rank, not only the first):
+#
+# ```python
+# gloo_group = dist.new_group(backend="gloo")
+# ...
+# dist.monitored_barrier(group=gloo_group, timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
+# ```
 #
 # ## 8. Uneven inputs, fixed with `Join`
 #
@@ -446,13 +456,17 @@ dist.destroy_process_group()
 fixed = launch_torchrun(str(runs / "uneven_join.py"), 2, log_dir=runs / "join", timeout_s=120, echo=False)
 print(fixed, {log["rank"]: f"{log['steps']} steps" for log in fixed.logs})
 assert [log["steps"] for log in fixed.logs] == [3, 5]             # no timeout: rank 1 ran its last 2 steps
-assert fixed.logs[0]["weights"] == fixed.logs[1]["weights"]      # and rank 0 applied them too: replicas agree
+assert fixed.logs[0]["weights"] == fixed.logs[1]["weights"]      # Join's exit syncs the replicas
 
 # %% [markdown]
 # One detail: in rank 1's last two steps, the all-reduce still divides by the **initial** world size, 2, while
 # rank 0 contributes zeros, so rank 1's gradients count half. `model.join(divide_by_initial_world_size=False)`
 # (or `Join([model], divide_by_initial_world_size=False)`) divides by the ranks still training instead; which
-# is right depends on whether you want every sample or every step to weigh the same.
+# is right depends on whether you want every sample or every step to weigh the same. Rank 0 never calls
+# `optimizer.step()` for steps 4 and 5: the replicas agree at the end because, when `Join` exits, DDP copies the
+# weights of the last rank to finish to every rank (optimizer state, such as Adam's moments, is not copied).
+# And `Join` only stands in for DDP's own all-reduces: any other collective in the loop — a
+# `dist.all_reduce(loss)` for logging, say — still hangs.
 
 # %% [markdown]
 # ## 9. Gradient accumulation under DDP: `no_sync()`
@@ -530,15 +544,26 @@ def node(node_rank, port, join_timeout_s=60):
 port, lonely_port = free_ports(2)                      # two different free ports (the second is for below)
 with ThreadPoolExecutor(2) as pool:                    # two terminals, one per node
     nodes = list(pool.map(node, [0, 1], [port, port]))
-for n in nodes:
+for i, n in enumerate(nodes):
+    print(f"-- the command given --node-rank={i}:")
     print("\n".join(line for line in n.output.splitlines() if line.startswith("rank") or "node_rank" in line))
 assert [n.returncode for n in nodes] == [0, 0]
 assert all("of 2" in n.output and "sum of ranks 1" in n.output for n in nodes)
 
 # %% [markdown]
 # With `--rdzv-backend=c10d`, the node whose address is the endpoint hosts the rendezvous store on that
-# port; `--node-rank` is ignored (torchrun says so): the rendezvous numbers the nodes itself. On real
-# machines, also check:
+# port (here both nodes have that address, so whichever binds the port first hosts it); `--node-rank` is
+# ignored (torchrun says so): the rendezvous numbers the nodes itself, so the command given `--node-rank=0`
+# may well come out as node 1. On two real machines, with 8 GPUs each and node 0 at 10.0.0.1, run the same
+# command on both:
+#
+# ```bash
+# torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=10.0.0.1:29500 \
+#          --rdzv-id=job42 train_ddp.py
+# ```
+#
+# (`--max-restarts=0`, used above, makes torchrun fail instead of restarting a failed job;
+# `--rdzv-conf=join_timeout=S` sets how long it waits for the other nodes.) Also check:
 #
 # - The port must be open between the nodes (a firewall between them looks exactly like a missing node,
 #   below), and the backend then opens more ports between all nodes.
