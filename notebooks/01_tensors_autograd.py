@@ -27,10 +27,10 @@
 # plots and the widget).
 #
 # **Hardware and time.** Every number below was produced by the machine that ran this notebook (the
-# first code cell prints it). Measured on a 2-core CPU machine that other jobs kept busy (load average 6
-# to 8): *Run All* took 15 to 28 s of cell time; `time ./course outputs`, which also starts the kernel and
-# saves the notebook, took 41 to 62 s (17 s in the quietest run). On a CUDA GPU the same cells run
-# unchanged with `device = cuda`, and section 3 shows the `.to("cuda")` form of its pitfall for real.
+# first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
+# section 3 shows the `.to("cuda")` form of its pitfall for real.
+#
+# **Run All:** 7 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first

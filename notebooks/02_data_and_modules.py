@@ -25,13 +25,12 @@
 # helper appear (`train_step`, `evaluate`, `find_unregistered_modules`, ...), used on the same case.
 #
 # **Hardware and time.** Every number below is measured on the machine running the notebook (printed next
-# to it). *Run All* took 22–28 s of cell time (38–48 s with the kernel's start) on a 2-core CPU machine
-# without a GPU, shared with other jobs that kept both cores busy, and up to 98 s when they loaded it three
-# to four times over (a load average of 7 on 2 cores); Linux there starts workers with `fork`.
-# Where workers start with `spawn` or `forkserver` (macOS, Windows, Linux from Python 3.14) each worker is
-# a fresh Python that imports `torch`, and section 1, which starts about twenty of them, takes longer: 60 s
-# of cell time with `spawn` on the same busy machine. On a CUDA GPU the same cells run, and section 2
-# measures real host-to-device copies.
+# to it). Where workers start with `spawn` or `forkserver` (macOS, Windows, Linux from Python 3.14) each
+# worker is a fresh Python that imports `torch`, so section 1, which starts about twenty of them, takes
+# longer than on Linux with `fork`. On a CUDA GPU the same cells run, and section 2 measures real
+# host-to-device copies.
+#
+# **Run All:** 31 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import multiprocessing

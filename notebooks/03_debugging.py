@@ -25,11 +25,11 @@
 # **You write the PyTorch; `course_utils` holds the hardened versions of what you write** (a CPU
 # counterpart, a readable report, hooks always removed). Each section shows the plain code first.
 #
-# **Hardware and time.** Numbers come from the machine running the notebook (printed below). *Run All*
-# needs about 26 s of CPU time (measured on a 2-core CPU machine, most of it on one thread) and took 30 s
-# there while another program kept one of its two cores busy; the stored outputs come from a run on the
-# same machine shared with other heavy work, where it took 48 s. On a CUDA GPU the OOM sections run for real (a capped GPU, a real `torch.OutOfMemoryError`,
-# a memory snapshot); on CPU each has a labelled CPU counterpart (on Linux, a real CPU allocator failure).
+# **Hardware and time.** Numbers come from the machine running the notebook (printed below). On a CUDA
+# GPU the OOM sections run for real (a capped GPU, a real `torch.OutOfMemoryError`, a memory snapshot); on
+# CPU each has a labelled CPU counterpart (on Linux, a real CPU allocator failure).
+#
+# **Run All:** 16 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import gc

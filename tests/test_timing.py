@@ -1,0 +1,54 @@
+"""compare_speed: interleaved blocks, verdicts only when the spreads do not overlap."""
+import time
+
+import pytest
+import torch
+
+from course_utils.timing import SpeedComparison, VariantTiming, compare_speed
+
+
+def _comparison(a: list[float], b: list[float]) -> SpeedComparison:
+    return SpeedComparison({"a": VariantTiming("a", a, a[0]), "b": VariantTiming("b", b, b[0])}, "cpu", 1,
+                           {"a": 1, "b": 1})
+
+
+def test_a_clearly_quicker_variant_is_called_faster():
+    slow = lambda: time.sleep(0.004)
+    quick = lambda: time.sleep(0.0005)
+    result = compare_speed({"slow": slow, "quick": quick}, blocks=5, block_s=0.02)
+    assert result.outcome("quick") == "faster" and result.outcome("slow", "quick") == "slower"
+    assert result.speedup("quick") > 2
+    assert "faster than slow" in str(result)
+
+
+def test_overlapping_spreads_are_no_significant_difference():
+    result = _comparison([1.0, 1.1, 1.2, 1.3, 1.4], [1.05, 1.15, 1.25, 1.35, 1.45])
+    assert result.outcome("b") == "no significant difference"
+    assert "the spreads overlap" in result.verdict("b")
+
+
+def test_apart_spreads_decide_even_with_a_small_gap():
+    result = _comparison([1.0, 1.0, 1.01, 1.01, 1.02], [0.9, 0.9, 0.91, 0.91, 0.92])
+    assert result.outcome("b") == "faster" and result.outcome("a", "b") == "slower"
+
+
+def test_too_few_blocks_decide_nothing():
+    assert _comparison([1.0, 1.0], [0.1, 0.1]).outcome("b") == "too few blocks"
+
+
+def test_blocks_are_interleaved_in_rotating_order():
+    order = []
+    variants = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    compare_speed(variants, blocks=3, block_s=1e-9, warmup_calls=1)
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]   # one entry per block
+    assert runs == ["a", "b", "c",                                   # warm-up, one variant after the other
+                    "a", "b", "c", "b", "c", "a", "c", "a", "b"]     # then the rounds, the order rotating
+
+
+def test_bad_input_is_named():
+    with pytest.raises(TypeError, match="non-empty dict"):
+        compare_speed({})
+    with pytest.raises(TypeError, match="lambda"):
+        compare_speed({"model": torch.zeros(1)})
+    with pytest.raises(KeyError, match="no variant named"):
+        _comparison([1.0] * 5, [1.0] * 5).verdict("c")
