@@ -4,7 +4,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
 def _cells(notebook) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ ROOT = Path(__file__).parent.parent
 _spec = importlib.util.spec_from_file_location("run_all_time", ROOT / "tools" / "run_all_time.py")
 run_all_time = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(run_all_time)
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -39,7 +39,8 @@ def stated_run_seconds(notebook: dict) -> float | None:
 
 
 def run_all_line(seconds: float, hardware: str) -> str:
-    return (f"{LINE_START} {seconds:.0f} s of cell time in the run stored below, on {hardware} "
+    shown = f"{seconds:.0f}" if seconds >= 10 else f"{seconds:.1f}"
+    return (f"{LINE_START} {shown} s of cell time in the run stored below, on {hardware} "
             f"(written by `./course outputs`; the kernel's start adds a few seconds).")
 
 

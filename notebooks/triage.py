@@ -1,0 +1,80 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Triage: start from what you see
+#
+# Something is wrong with your training and you do not know which chapter it belongs to. Find the symptom
+# below, ask its first question, and open the section that reproduces it (each link opens the section in
+# JupyterLab). An error *message* goes to `explain()`, at the bottom of this page.
+#
+# **Run All:** 1.4 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+#
+# | You see | Ask first | Where the course reproduces it |
+# |---|---|---|
+# | Training is slow | Is the GPU (or are the cores) busy, or waiting for the next batch? | [2 §1 `num_workers`](02_data_and_modules.ipynb#heading=1.-num_workers:-let-other-processes-prepare-the-next-batches) |
+# | The loss does not go down; some weights never change | Did every parameter get a gradient, and did the optimizer see it? | [1 §5 forgotten `zero_()`](01_tensors_autograd.ipynb#heading=5.-Pitfall:-forgetting-grad.zero_(),-and-other-update-mistakes), [2 §4 layers in a plain list](02_data_and_modules.ipynb#heading=4.-Layers-in-a-plain-Python-list,-a-tensor-that-should-be-a-buffer), [2 §6 the training step](02_data_and_modules.ipynb#heading=6.-The-training-step,-written-out) |
+# | The loss grows step after step, then turns `inf`/`nan` | Is the learning rate above what this model tolerates? | [1 §7 learning rate](01_tensors_autograd.ipynb#heading=7.-Explore:-learning-rate-and-steps), [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
+# | The loss is `nan` from the first steps | Data, then model, then numerics — in that order | [3 §4 data](03_debugging.ipynb#heading=4.-Data), [3 §5 model](03_debugging.ipynb#heading=5.-Model:-log(softmax(x))-by-hand), [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
+# | `CUDA out of memory` | How much should the step need, and who holds the rest? | [3 §1 estimate](03_debugging.ipynb#heading=1.-Estimate-first,-then-measure), [3 §2 a real OOM](03_debugging.ipynb#heading=2.-A-real-OOM,-caught-and-retried) |
+# | Memory grows a little every step | Do you keep a tensor that holds its graph (`total += loss`)? | [3 §3 memory held by accident](03_debugging.ipynb#heading=3.-%22Fake-OOM%22:-memory-you-are-holding-by-accident) |
+# | `Expected all tensors to be on the same device` | Which tensor is where? | [3 §7 device mismatch](03_debugging.ipynb#heading=7.-Model-on-one-device,-batch-on-another) |
+# | Validation numbers change with the batch size, or between two runs | Is the model in `eval()` and the loop under `inference_mode`? | [2 §8 evaluation](02_data_and_modules.ipynb#heading=8.-Evaluation:-model.eval()-and-inference_mode) |
+# | The last batch of an epoch crashes in BatchNorm | Does the last batch hold one sample? | [2 §3 `drop_last`](02_data_and_modules.ipynb#heading=3.-drop_last-and-BatchNorm) |
+# | The loss jumps after resuming from a checkpoint | Did you restore the optimizer, scheduler, RNG and position in the epoch? | [4 §3 model alone](04_checkpointing.ipynb#heading=3.-Resuming-with-the-model-alone-is-not-resuming), [4 §5 mid-epoch](04_checkpointing.ipynb#heading=5.-Resuming-in-the-middle-of-an-epoch), [4 §6 `check_resume`](04_checkpointing.ipynb#heading=6.-Prove-a-resume-exact:-check_resume) |
+# | `Missing key(s)` / `size mismatch` when loading | A `module.` prefix, another head, or the wrong dict? | [4 §8 keys and shapes](04_checkpointing.ipynb#heading=8.-Keys-and-shapes-that-don't-match) |
+# | A GPU checkpoint will not load on another machine | Where were its tensors saved? | [4 §7 `map_location`](04_checkpointing.ipynb#heading=7.-map_location:-a-GPU-checkpoint-on-a-CPU-only-machine) |
+# | A DDP job hangs, then times out | Which rank skipped a collective? | [5 §7 a hang](05_ddp_torchrun.ipynb#heading=7.-A-hang:-one-rank-skips-a-collective) |
+# | DDP trains on the same data every epoch, or every rank on the same data | `set_epoch`? Per-rank seeds? | [5 §3 `set_epoch`](05_ddp_torchrun.ipynb#heading=3.-Pitfall:-no-sampler.set_epoch(epoch)), [5 §5 seeds](05_ddp_torchrun.ipynb#heading=5.-Pitfall:-the-same-seed-on-every-rank) |
+# | A DDP evaluation disagrees with one process | Did the sampler pad the last shard? | [5 §6 evaluation](05_ddp_torchrun.ipynb#heading=6.-Pitfall:-evaluating-with-DistributedSampler) |
+# | `torch.compile` is not faster, or recompiles | Measured like for like? What made it recompile? | [6 §2 `torch.compile`](06_inference.ipynb#heading=2.-torch.compile,-measured-like-for-like) |
+# | The ONNX model is wrong or refuses another batch size | Is the batch axis dynamic? Does `forward` branch on values? | [6 §3 ONNX](06_inference.ipynb#heading=3.-ONNX-with-a-dynamic-batch-axis), [6 §4 control flow](06_inference.ipynb#heading=4.-Python-control-flow-in-forward) |
+# | Half precision raises a dtype error, or gives `inf` | `.half()` or `autocast`? | [6 §1 half precision](06_inference.ipynb#heading=1.-Half-precision:-.half()-or-autocast) |
+
+# %% [markdown]
+# ## An error message: `explain()`
+#
+# Paste the whole message, traceback and all. Here is one a user pasted into a public issue
+# ([ankitajaiswal00/Try-First#26](https://github.com/ankitajaiswal00/Try-First/issues/26)), cut as they pasted it:
+
+# %%
+from course_utils import explain
+
+pasted = '''RuntimeError: Error(s) in loading state_dict for DataParallel: Missing key(s) in state_dict: "module.conv1.weight", "module.bn1.weight", "module.bn1.bias", "module.bn1.running_mean", "module.bn1.running_var", "module.conv2.weight",
+Unexpected key(s) in state_dict: "state_dict".
+Traceback:
+File "C:\\Users\\ASUS\\anaconda3\\lib\\site-packages\\streamlit\\runtime\\scriptrunner\\script_runner.py", line 552, in _run_script
+    exec(code, module.__dict__)'''
+explanation = explain(pasted)
+explanation
+
+# %% [markdown]
+# Read the causes in order. The first (`module.` prefix) is what the missing keys suggest, but the one
+# *unexpected* key, `"state_dict"`, says it is the third: the file holds a checkpoint dict and the model
+# was handed the whole dict instead of its `"state_dict"` entry. The fix is
+# `model.load_state_dict(checkpoint["state_dict"])` (and then, if the keys still start with `module.`, the
+# prefix). Chapter 4 §8 reproduces both.
+
+# %%
+assert explanation.id == "state-dict-mismatch" and explanation.chapter == 4
+assert any("'state_dict' entry" in cause for cause in explanation.causes)
+
+# %% [markdown]
+# In a notebook, `%load_ext course_utils` does this under every error it recognises, with the same link.
+# It says nothing about an error it does not know rather than guess:
+
+# %%
+assert explain("KeyError: 'learning_rate'") is None
+print(explain("KeyError: 'learning_rate'"))
