@@ -18,8 +18,10 @@
 # **You will be able to:** pick the device and say whether autograd tracks a tensor; read what
 # `backward()` fills in (and what it leaves empty); write a full training loop with no `nn.Module` (the
 # manual `y = 2x + 0.3` regression); recognise a forgotten `grad.zero_()` from its loss curve and the
-# other update mistakes from their errors; find a shape bug that hides in one branch of `forward` or in a
-# silent broadcast; and say why a learning rate above a limit makes plain gradient descent diverge.
+# other update mistakes from their errors; call `backward()` on a non-scalar (and say what it computes)
+# and twice through one graph (and say when `retain_graph=True` is right); find a shape bug that hides in
+# one branch of `forward` or in a silent broadcast; and say why a learning rate above a limit makes plain
+# gradient descent diverge.
 #
 # **You write the PyTorch; `course_utils` holds the hardened versions of what you write.** Each section
 # shows the plain code first and reproduces the pitfall with it; a helper appears only afterwards, as the
@@ -30,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 7 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 14 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
@@ -49,9 +51,9 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from course_utils import (RegressionExplorer, check_fit_line_by_hand, check_grad_of_cube, check_line_parameters,
-                          check_sgd_update, check_two_branch_forward, exercise, expect_error, expect_warning,
-                          fit_line, get_device, hardware_summary, plot_line_fit, plot_losses, progress,
+from course_utils import (RegressionExplorer, check_fit_linear_by_hand, check_line_parameters, check_per_loss_gradients,
+                          check_sgd_update, check_slopes_of_cube, check_two_branch_forward, exercise, expect_error,
+                          expect_warning, fit_line, get_device, hardware_summary, plot_line_fit, plot_losses, progress,
                           seed_everything)
 
 # %load_ext course_utils
@@ -176,6 +178,76 @@ with expect_error(RuntimeError, match="does not require grad and does not have a
 assert (a * 3).pow(2).sum().grad_fn is not None          # outside no_grad the graph is recorded
 
 # %% [markdown]
+# ### `backward()` on a non-scalar: which combination of the outputs?
+#
+# `backward()` with no argument needs **one number**. A loss per sample (a forgotten `.mean()`, or
+# `nn.MSELoss(reduction="none")`) is a vector, and autograd refuses it:
+
+# %%
+target = torch.tensor([0.0, 1.0, 2.0], device=device)
+a.grad = None
+per_sample = (3 * a - target) ** 2                  # (3,): one loss per sample, not reduced
+print("per_sample =", per_sample)
+with expect_error(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
+    per_sample.backward()
+assert a.grad is None                               # nothing was filled in
+
+# %% [markdown]
+# Why: the derivative of 3 outputs with respect to 3 inputs is a 3 × 3 matrix, the Jacobian
+# `J[i, j] = ∂per_sample[i] / ∂a[j]`, and `backward()` never builds it. It computes a **vector-Jacobian
+# product** `vᵀJ`, a gradient for one weighted sum of the outputs, with one weight `v[i]` per output. For a
+# scalar output `v = 1` goes without saying; for a vector you choose `v`, in one of two ways:
+#
+# - reduce first: `.mean()` is `v = 1/N` everywhere and `.sum()` is `v = 1`, so `.sum()` gives an N times
+#   larger gradient (section 7 shows what a learning rate N times too large does);
+# - or pass `v` yourself: `per_sample.backward(gradient=v)`.
+#
+# The cell checks both against `torch.autograd.grad(..., grad_outputs=v)` (the same product, returned instead
+# of stored in `.grad`), against `v @ J` with the full Jacobian from `torch.autograd.functional.jacobian`,
+# and against the gradient of the mean worked out by hand, `2 (3a − target)`.
+
+# %%
+def per_sample_loss(t):
+    return (3 * t - target) ** 2                    # (3,) -> (3,)
+
+grads = {}
+for name, backward in [("mean().backward()", lambda out: out.mean().backward()),
+                       ("sum().backward()", lambda out: out.sum().backward()),
+                       ("backward(gradient=1/3)", lambda out: out.backward(gradient=torch.full_like(out, 1 / 3)))]:
+    a.grad = None
+    backward(per_sample_loss(a))                    # a fresh forward for each
+    grads[name] = a.grad.clone()
+    print(f"{name:23} a.grad = {grads[name]}")
+
+v = torch.full((3,), 1 / 3, device=device)
+(returned,) = torch.autograd.grad(per_sample_loss(a), a, grad_outputs=v)
+J = torch.autograd.functional.jacobian(per_sample_loss, a.detach())    # (3, 3): diagonal here
+print("Jacobian J =\n", J)
+torch.testing.assert_close(J, torch.diag(J.diagonal()))            # diagonal: loss i depends on a[i] only
+for other in (grads["backward(gradient=1/3)"], returned, v @ J):
+    torch.testing.assert_close(other, grads["mean().backward()"])
+torch.testing.assert_close(grads["mean().backward()"], 2 * (3 * a.detach() - target))   # by hand
+torch.testing.assert_close(grads["sum().backward()"], 3 * grads["mean().backward()"])   # N = 3 times larger
+
+# %% [markdown]
+# That Jacobian is diagonal: each loss depends on its own `a[i]` only, so `.sum()` (`v = 1`) hands every
+# element its own derivative. `f(x).sum().backward()` is therefore a common way to get `f′` at many points
+# in one pass. It works for such **element-wise** `f` only: when the outputs mix the inputs (a matrix
+# product, `cumsum`, `softmax`), `v = 1` returns the sum of each column of J instead.
+
+# %%
+M = torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, -1.0]], device=device)   # out = M @ p: (2,) from (3,); J = M
+p = torch.tensor([0.5, -1.0, 2.0], device=device, requires_grad=True)
+(M @ p).sum().backward()
+print("(M @ p).sum().backward():       p.grad =", p.grad, "(the column sums of M)")
+torch.testing.assert_close(p.grad, M.sum(dim=0))                     # by hand: 1ᵀ M
+p.grad = None
+v = torch.tensor([1.0, -2.0], device=device)
+(M @ p).backward(gradient=v)
+print("(M @ p).backward(gradient=v):   p.grad =", p.grad, "(vᵀ M, v = [1, -2])")
+torch.testing.assert_close(p.grad, v @ M)
+
+# %% [markdown]
 # ## 3. Pitfall: converting a tensor after `requires_grad=True`
 #
 # Any operation on a tensor returns a **new** tensor, and so does `.to()` whenever the conversion does
@@ -284,15 +356,18 @@ plot_losses({"lr = 0.1": losses}, ax=right);
 # %% [markdown]
 # ## 5. Pitfall: forgetting `grad.zero_()`, and other update mistakes
 #
-# `backward()` **adds** into `.grad`; it never overwrites. First, see it on one tensor:
+# `backward()` **adds** into `.grad`; it never overwrites, and it adds **in place**: a name you bound to
+# `v.grad` earlier sees the sum too (keep a copy with `.clone()`). First, see it on one tensor:
 
 # %%
 v = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
 (v ** 2).sum().backward()
-first = v.grad.clone()
+first = v.grad.clone()                      # a copy of this gradient
+bound = v.grad                              # another name for the tensor .grad holds
 (v ** 2).sum().backward()                   # same computation, no zero_() in between
-print("after one backward:", first, "| after two:", v.grad)
+print("after one backward:", first, "| after two:", v.grad, "| the name bound after the first:", bound)
 torch.testing.assert_close(v.grad, 2 * first)
+assert bound is v.grad                      # the second pass added into that same tensor, in place
 
 # %% [markdown]
 # In a loop this means every step applies the sum of **all past gradients**: the update behaves like a
@@ -502,6 +577,113 @@ print("8 rows without keepdim: no error, largest difference", round((wrong - rig
 assert not torch.allclose(wrong, right)
 
 # %% [markdown]
+# ### One forward, one backward: calling `backward()` twice
+#
+# The graph is recorded while the forward runs, and `backward()` frees the tensors it saved for the backward
+# pass (the inputs of a multiplication, the output of a `sigmoid`) as soon as it has used them: a large
+# model cannot keep that memory. A second backward through the same graph finds them gone. Where you meet
+# it: part of the forward computed once, before the loop. Here section 4's prediction is moved out of the
+# loop "to save time":
+
+# %%
+w = torch.randn(1, device=device, requires_grad=True)
+b = torch.zeros(1, device=device, requires_grad=True)
+pred = w * x + b                                   # BUG: the forward runs once, before the loop
+steps_done = 0
+with expect_error(RuntimeError, match="Trying to backward through the graph a second time"):
+    for step in range(100):
+        loss = ((pred - y) ** 2).mean()            # a new loss node on top of pred's old graph
+        loss.backward()
+        with torch.no_grad():
+            w -= lr * w.grad
+            b -= lr * b.grad
+            w.grad.zero_()
+            b.grad.zero_()
+        steps_done += 1
+print("steps completed before the error:", steps_done)
+assert steps_done == 1
+
+# %% [markdown]
+# The nodes of the graph are still there (`pred.grad_fn`); what the first `backward()` freed are the
+# tensors they saved. A node shows them as `_saved_*` attributes (PyTorch's tutorial "Hooks for autograd
+# saved tensors" reads them this way): the multiplication `w * x` saved `x`, which it needs for `w`'s
+# gradient, and reading it now raises the same error.
+
+# %%
+mul = pred.grad_fn.next_functions[0][0]          # pred = (w * x) + b: the node of w * x
+print("pred.grad_fn:", type(pred.grad_fn).__name__, "<-", type(mul).__name__)
+with expect_error(RuntimeError, match="access saved tensors after they have already been freed"):
+    mul._saved_other
+
+# %% [markdown]
+# The message suggests `retain_graph=True`. That silences the error, and the loop then learns nothing:
+# `pred` was computed once, from the first `w` and `b`, so every step sees the same prediction, the same
+# loss and the same gradient, and `w` and `b` walk off in a straight line.
+
+# %%
+w = torch.randn(1, device=device, requires_grad=True)
+b = torch.zeros(1, device=device, requires_grad=True)
+pred = w * x + b                                   # still once, before the loop
+retained_losses = []
+for step in range(50):
+    loss = ((pred - y) ** 2).mean()
+    loss.backward(retain_graph=True)               # the error is gone...
+    with torch.no_grad():
+        w -= lr * w.grad
+        b -= lr * b.grad
+        w.grad.zero_()
+        b.grad.zero_()
+    retained_losses.append(loss.item())
+print(f"retain_graph=True: loss {retained_losses[0]:.4f} at step 0 and {retained_losses[-1]:.4f} at step 49; "
+      f"w = {w.item():.2f}, b = {b.item():.2f} (section 4: w = {learned_w:.2f}, b = {learned_b:.2f})")
+assert len(set(retained_losses)) == 1                      # ...and the loss never changes: a stale prediction
+assert abs(b.item() - learned_b) > 1                        # while b walks away from the answer
+
+# %% [markdown]
+# The fix is section 4's loop: the forward **inside** the loop. Each step records a fresh graph from the
+# current `w` and `b`, and its `backward()` may free it, because no later step needs it.
+
+# %%
+w = torch.randn(1, device=device, requires_grad=True)
+b = torch.zeros(1, device=device, requires_grad=True)
+fresh_losses = []
+for step in range(50):
+    loss = ((w * x + b - y) ** 2).mean()           # the forward, every step: a new graph
+    loss.backward()                                # uses it once and frees it
+    with torch.no_grad():
+        w -= lr * w.grad
+        b -= lr * b.grad
+        w.grad.zero_()
+        b.grad.zero_()
+    fresh_losses.append(loss.item())
+print(f"forward in the loop: loss {fresh_losses[0]:.4f} at step 0 and {fresh_losses[-1]:.4f} at step 49")
+assert rises(fresh_losses) == 0 and fresh_losses[-1] < fresh_losses[0] / 10
+
+# %% [markdown]
+# **When `retain_graph=True` is right:** a second backward through the *same* forward, with nothing changed
+# in between. Typically two losses computed from one forward (a fit and a penalty on the outputs) whose
+# `backward()` calls sit in different places of the code: the first keeps the graph, the last frees it, and
+# the two gradients add up in `.grad` (section 5) to the gradient of the sum, which one
+# `(fit + penalty).backward()` gives in a single pass. **When to recompute the forward instead:** whenever
+# the parameters changed between the two backward calls, as in every training step; a retained graph still
+# holds the old values.
+
+# %%
+w = torch.randn(1, device=device, requires_grad=True)
+b = torch.zeros(1, device=device, requires_grad=True)
+pred = w * x + b                                    # one forward...
+fit, penalty = ((pred - y) ** 2).mean(), 0.1 * (pred ** 2).mean()
+fit.backward(retain_graph=True)                     # ...the first backward keeps its saved tensors
+print("after the first backward, w * x still holds x:", tuple(pred.grad_fn.next_functions[0][0]._saved_other.shape))
+penalty.backward()                                  # the last backward frees them
+summed = torch.autograd.grad(((w * x + b - y) ** 2).mean() + 0.1 * ((w * x + b) ** 2).mean(), (w, b))
+print(f"w.grad = {w.grad.item():.4f}, b.grad = {b.grad.item():.4f} | the gradient of fit + penalty, from a "
+      f"fresh forward: {summed[0].item():.4f}, {summed[1].item():.4f}")
+torch.testing.assert_close((w.grad, b.grad), summed)
+with expect_error(RuntimeError, match="backward through the graph a second time"):
+    fit.backward()                                  # a third pass: this time the graph is gone
+
+# %% [markdown]
 # ## 7. Explore: learning rate and steps
 #
 # How large can the learning rate be? This loss is a quadratic bowl in `(w, b)`. Along `b` its curvature is
@@ -512,12 +694,16 @@ assert not torch.allclose(wrong, right)
 # - `0.5 < lr < 1`: the factor is negative, `b` jumps **to the other side** on every step, closer each time;
 #   the line see-saws around the data, yet the loss, which only sees the distance, **falls on every step**;
 # - `lr = 1`: the factor is −1, `b` bounces between two values for good and the loss stalls;
-# - `lr > 1`: the distance grows on every step; so does the loss, until it is inf.
+# - `lr > 1`: the distance grows on every step; after the first steps, while `w` still settles, so does the
+#   loss, until it is inf.
 #
 # Measured with `fit_line` (200 steps each; "b crossed": on how many of the first 9 steps `b` jumped to the
 # other side of the optimum that section 4 found):
 
 # %%
+curvature_w = 2 * (x ** 2).mean().item()
+print(f"curvature along w: 2·mean(x²) = {curvature_w:.2f}; along b: 2")
+assert abs(curvature_w - 0.67) < 0.01
 print(f"{'lr':>5} | loss rose on | b crossed | final loss")
 fits, crossed = {}, {}
 for lr_try in (0.3, 0.9, 1.0, 1.01, 1.5):
@@ -538,7 +724,7 @@ right.legend(loc="upper center", ncol=4, fontsize="small");
 assert all(rises(fits[lr_try].losses) == 0 for lr_try in (0.3, 0.9, 1.0))   # up to lr = 1 the loss never rises
 assert crossed[0.3] == 0 and crossed[0.9] == 9 and crossed[1.0] == 9       # past 0.5, b overshoots every step
 assert fits[1.0].losses[-1] > 100 * fits[0.9].losses[-1]                     # at exactly 1, b never settles
-assert rises(fits[1.01].losses) > 190 and fits[1.5].diverged                  # past 1, the loss grows every step
+assert rises(fits[1.01].losses) > 190 and fits[1.5].diverged      # past 1, the loss grows (after the first steps)
 
 # %% [markdown]
 # Now try it yourself: drag the sliders (the plot redraws when you let go) across `lr = 0.5` and `lr = 1`
@@ -552,25 +738,28 @@ RegressionExplorer(x.cpu(), y.cpu(), lr=0.1, steps=200)
 # ## 8. Exercises
 #
 # Each exercise is a function in a cell, followed by its check. Fix the code (or write it, where the body
-# is `...`) and run the cell again. The check runs your function on its own small data (on `get_device()`)
-# and says what it **observed**; each further failed attempt adds one hint. `progress(chapter=1)` at the
-# end of the notebook shows what you have solved.
+# is `...`) and run the cell again. The check runs your function on its own inputs (other sizes, dtypes and
+# learning rates than the chapter's, on `get_device()`) and says what it **observed**; each further failed
+# attempt adds one hint. `progress(chapter=1)` at the end of the notebook shows what you have solved.
 #
-# **Exercise 1 (write it).** Return the derivative of `x ** 3` at `x`, computed **by autograd** (not by
-# hand: the check notices), as a Python float.
+# **Exercise 1 (write it).** Return the derivative of `x ** 3` at every point of `xs`, a tensor of any shape
+# and floating dtype, as a tensor of the same shape, dtype and device. Compute it **by autograd**, with
+# **one** backward pass for all the points (the check notices a formula worked out by hand, and counts the
+# passes).
 
 # %%
 @exercise
-def grad_of_cube(x: float) -> float:
+def slopes_of_cube(xs: torch.Tensor) -> torch.Tensor:
     ...  # your code here
 
 
-check_grad_of_cube(grad_of_cube)
+check_slopes_of_cube(slopes_of_cube)
 
 
 # %% [markdown]
 # **Exercise 2 (write it).** Write the update step of section 4 as a function: for each leaf tensor in
-# `params`, subtract `lr * grad` **in place** without recording it in the graph, then zero its gradient.
+# `params` (any number of them, of any shapes), subtract `lr * grad` **in place** without recording it in the
+# graph, then zero its gradient.
 
 # %%
 @exercise
@@ -582,34 +771,36 @@ check_sgd_update(sgd_update)
 
 
 # %% [markdown]
-# **Exercise 3 (find the bugs; there are 2).** Section 4's loop as a function. The check fits its own
-# data (100 noisy points of `y = 2x + 0.3`) with `lr = 0.1` for 300 steps and compares the result with the
-# least-squares line.
+# **Exercise 3 (find the bugs; there are 2).** Section 4's loop, for inputs with several features:
+# `y ≈ x @ w + b`. The check fits its own data, once with 1 feature and once with 3, each with its own
+# learning rate and number of steps, and compares every step with plain gradient descent from zero.
 
 # %%
 @exercise
-def fit_line_by_hand(x: torch.Tensor, y: torch.Tensor, lr: float, steps: int) -> tuple[float, float, list[float]]:
-    """Fit y ≈ w * x + b from w = b = 0. x, y: (N, 1). Returns w, b and the loss of every step."""
-    w = torch.zeros(1, device=x.device, requires_grad=True)
+def fit_linear_by_hand(x: torch.Tensor, y: torch.Tensor, lr: float,
+                       steps: int) -> tuple[list[float], float, list[float]]:
+    """Fit y ≈ x @ w + b by gradient descent from w = 0, b = 0. x: (N, k), y: (N, 1).
+    Returns w as a list of k floats, b as a float, and the loss of every step as floats."""
+    w = torch.zeros(x.shape[1], 1, device=x.device, requires_grad=True)    # (k, 1)
     b = torch.zeros(1, device=x.device, requires_grad=True)
     losses = []
     for step in range(steps):
-        loss = ((w * x + b - y) ** 2).mean()
+        loss = ((x @ w + b - y) ** 2).mean()
         loss.backward()
         w -= lr * w.grad
         b -= lr * b.grad
         losses.append(loss.item())
-    return w.item(), b.item(), losses
+    return w.flatten().tolist(), b.item(), losses
 
 
-check_fit_line_by_hand(fit_line_by_hand)
+check_fit_linear_by_hand(fit_linear_by_hand)
 
 
 # %% [markdown]
 # **Exercise 4 (find the bugs; there are 2).** The parameters of a linear model, made by hand. Both come
 # out with the right shape, dtype and device, and yet `backward()` leaves `weight.grad` and `bias.grad` at
-# `None`. The check asks for `float64` parameters on its device, runs a backward pass through
-# `x @ weight + bias` and looks at what it filled in.
+# `None`. The check asks for parameters of two sizes and two dtypes on its device, runs a backward pass
+# through `x @ weight + bias` and looks at what it filled in.
 
 # %%
 @exercise
@@ -626,7 +817,7 @@ check_line_parameters(line_parameters)
 
 # %% [markdown]
 # **Exercise 5 (find the bug; there is 1).** A `forward` with two branches, like section 6's. It runs on
-# the batch you would try first. The check runs both branches, with 5 rows and with 8.
+# the batch you would try first. The check runs both branches, with several batch sizes.
 
 # %%
 @exercise
@@ -645,6 +836,34 @@ def two_branch_forward(x: torch.Tensor, W1: torch.Tensor, W2: torch.Tensor) -> t
 
 check_two_branch_forward(two_branch_forward)
 
+
+# %% [markdown]
+# **Exercise 6 (find the bugs; there are 2).** A model whose one forward pass feeds two losses, a fit and a
+# penalty. To see which of the two pulls the weights harder, this function should return the gradient of
+# each loss **separately**, from that one forward pass. It stops with an error, and fixing the error alone
+# is not enough. The check uses its own shapes, and once calls it with an earlier gradient still in
+# `w.grad`, as a training loop would leave it.
+
+# %%
+@exercise
+def per_loss_gradients(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w: (k, m), a leaf that requires grad (its .grad may hold an earlier gradient); x: (N, k); y: (N, m).
+
+    One forward pass, h = tanh(x @ w), feeds two losses: fit = mean((h - y)**2) and penalty = mean(h**2).
+    Returns (gradient of fit, gradient of penalty) with respect to w, each (k, m).
+    """
+    h = torch.tanh(x @ w)                    # the forward pass: once
+    fit = ((h - y) ** 2).mean()
+    penalty = (h ** 2).mean()
+    fit.backward()
+    grad_fit = w.grad
+    penalty.backward()
+    grad_penalty = w.grad
+    return grad_fit, grad_penalty
+
+
+check_per_loss_gradients(per_loss_gradients)
+
 # %% [markdown]
 # ## What to remember
 # - Pick the device once (`torch.device("cuda" if torch.cuda.is_available() else "cpu")`, or
@@ -653,7 +872,15 @@ check_two_branch_forward(two_branch_forward)
 #   `.requires_grad_()`. On a CPU-only machine `.to("cpu")` hides the bug. `model.to(device)` on an
 #   `nn.Module` is fine: it converts in place.
 # - Only leaves that require grad get `.grad`; `retain_grad()` for intermediates while debugging.
-# - Update under `torch.no_grad()`, in place (`-=`), then `grad.zero_()`: `backward()` accumulates.
+# - `backward()` needs a scalar. For a vector of losses, reduce it (`.mean()`: `.sum()` makes the gradient N
+#   times larger) or pass the weights yourself, `backward(gradient=v)`: autograd computes the
+#   vector-Jacobian product `vᵀJ`, never J itself. `f(x).sum().backward()` gives each point's own
+#   derivative only when `f` is element-wise.
+# - One forward, one backward: `backward()` frees the tensors the graph saved. Compute the forward inside
+#   the loop, every step. `retain_graph=True` is for a second backward through the *same, unchanged*
+#   forward (two losses of one forward); in a training loop it only hides a stale forward.
+# - Update under `torch.no_grad()`, in place (`-=`), then `grad.zero_()`: `backward()` accumulates, in
+#   place, into the one tensor `.grad` holds; `.clone()` a gradient you want to keep.
 # - Log `loss.item()`, not `loss`.
 # - Past a learning-rate limit (here `lr = 1`, set by the loss's largest curvature) plain gradient descent
 #   diverges; just below it the parameters overshoot back and forth while the loss still falls.
@@ -674,6 +901,11 @@ check_two_branch_forward(two_branch_forward)
 # | `TypeError: unsupported operand type(s) ... 'NoneType'` in the update | `w = w - ...` rebound `w` to a non-leaf | 5 |
 # | `RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation` | an in-place op overwrote a value autograd saved | 5 |
 # | `RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn` | loss computed under `no_grad` or from tensors without `requires_grad` | 2 |
+# | `RuntimeError: grad can be implicitly created only for scalar outputs` | `backward()` on a loss per sample (no `.mean()`) or any other non-scalar | 2 (non-scalar), exercise 1 |
+# | `.sum().backward()` gives gradients that are not each element's own derivative | the outputs mix the inputs (a matrix product, `cumsum`, `softmax`): `v = 1` sums J's columns | 2 (non-scalar) |
+# | `RuntimeError: Trying to backward through the graph a second time` | part of the forward computed once, before the loop; or two losses of one forward, each `backward()`-ed | 6 (backward twice), exercise 6 |
+# | `retain_graph=True` silenced that error, and now the loss never changes | the prediction is computed once, from the first parameters: a stale forward | 6 (backward twice) |
+# | a gradient you stored earlier changed after another `backward()` | `g = w.grad` names the tensor that `backward()` adds into, in place | 5, exercise 6 |
 # | `RuntimeError: mat1 and mat2 shapes cannot be multiplied` on some batches only | a branch of `forward` with the wrong shapes | 6 |
 # | `RuntimeError: The size of tensor a (8) must match the size of tensor b (5)` | a broadcast that pairs the wrong dimensions (a reduction without `keepdim=True`) | 6 (broadcasting), exercise 5 |
 # | no error, but a flat fit or wrong values when the batch size equals another dimension | a silent broadcast (`(N,)` against `(N, 1)`, or 8 rows against 8 features) | 6 (broadcasting) |
