@@ -189,7 +189,20 @@ if __name__ == "__main__":
 """
 
 
+def backward_twice():
+    w = torch.ones(2, requires_grad=True)
+    loss = (w.exp() * 3).sum()
+    loss.backward()
+    loss.backward()
+
+
+def non_scalar_backward():
+    (torch.ones(3, requires_grad=True) * 2).backward()
+
+
 CASES = [
+    (backward_twice, "backward-twice"),
+    (non_scalar_backward, "non-scalar-backward"),
     (matmul_shapes, "shape-mismatch"),
     (device_mismatch, "device-mismatch"),
     (cpu_out_of_memory, "out-of-memory"),

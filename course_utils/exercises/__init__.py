@@ -2,7 +2,7 @@
 
 A learner's cell defines a function decorated with `@exercise`. Its body is either `...` (write it)
 or working-looking code with planted bugs (find the bug). A `check_*` function in the chapter's
-topic module runs it and returns a `Verdict`: what it *observed* on the first failed attempt, one
+module of this package (`course_utils/exercises/debugging.py` for chapter 3, ...) runs it and returns a `Verdict`: what it *observed* on the first failed attempt, one
 more nudge on each later attempt, never the solution. Reference solutions live beside the checks,
 registered with `@reference_solution`. With `COURSE_SOLUTIONS=1` in the environment (the test
 command sets it) `@exercise` swaps in the reference and a failing check raises, so CI proves every
