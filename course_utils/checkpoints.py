@@ -1,20 +1,15 @@
 """Chapter 4: checkpoints that survive crashes, resume exactly, and load only what matches."""
 from __future__ import annotations
 
-import copy
 import glob
-import io
-import itertools
-import json
+import numbers
 import os
 import pickle
-import re
 import socket
 import tempfile
-import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +21,6 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from course_utils import _checks
 from course_utils._display import ReadableResult
-from course_utils.exercises import Verdict, reference_solution, report_check
 from course_utils.rng import capture_rng_state, restore_rng_state
 
 FORMAT = "course_utils.checkpoint/1"
@@ -41,17 +35,16 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
                     scheduler: Any = None, scaler: torch.amp.GradScaler | None = None, **meta: Any) -> Path:
     """Atomically write model / optimizer / scheduler / scaler state, `meta` and every RNG state.
 
-    `meta` (epoch, global step, best score, ...) must be JSON-serialisable. The file is written
-    to a temporary file in the same folder, flushed and fsync'ed, then renamed over `path`
-    (`os.replace` is atomic), so a crash or a full disk at any moment leaves the previous
-    checkpoint intact. Everything stored loads with `torch.load(..., weights_only=True)`.
+    `meta` (epoch, global step, best score, ...) must be plain JSON-like data (str, int, float, bool,
+    None, lists and dicts of them; a `numpy.float64` or a tensor raises TypeError, naming the key,
+    before anything is written). The file gets the permissions `torch.save(obj, path)` would give
+    (the existing file's, else what the umask allows). It is written to a temporary file in the same
+    folder, flushed and fsync'ed, then renamed over `path` (`os.replace` is atomic), so a crash or a
+    full disk at any moment leaves the previous checkpoint intact. Everything stored loads with `torch.load(..., weights_only=True)`.
     """
     path = _checks.writable_file(path, "path")
     _checks.module(model)
-    try:
-        json.dumps(meta)
-    except TypeError as error:
-        raise TypeError(f"checkpoint meta must be JSON-like (numbers, strings, lists, dicts): {error}") from None
+    _check_meta(meta)          # before anything is written: a bad value never costs the previous file
     payload = {
         "format": FORMAT,
         "model": model.state_dict(),
@@ -68,6 +61,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
                                      suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as temp:
+            os.chmod(temp_name, _mode_for(path))   # mkstemp gives 0600; torch.save(obj, path) what the umask allows
             torch.save(payload, temp)
             temp.flush()
             os.fsync(temp.fileno())
@@ -77,6 +71,62 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
         raise
     _fsync_directory(path.parent)  # make the rename itself durable
     return path
+
+
+_PLAIN_TYPES = (str, int, float, bool, type(None))
+
+
+def _check_meta(meta: Mapping[str, Any], where: str = "") -> None:
+    """Raise TypeError naming the first value of `meta` that is not plain JSON-like data.
+
+    Exact types only: `numpy.float64` is a subclass of float (so `json.dumps` takes it), but it
+    pickles as a NumPy scalar, which `torch.load(..., weights_only=True)` refuses; the same goes for
+    a tensor, a NumPy array, an enum or any other subclass of a plain type.
+    """
+    items = meta.items() if isinstance(meta, Mapping) else enumerate(meta)
+    for key, value in items:
+        name = f"{where}[{key!r}]" if where else repr(key)
+        if isinstance(meta, Mapping) and type(key) not in _PLAIN_TYPES:
+            raise TypeError(f"checkpoint meta {where or 'keys'}: the key {key!r} is a {type(key).__name__}; "
+                            "meta data must be JSON-like, with str (or int) keys")
+        if type(value) in (dict, OrderedDict, list, tuple):      # what weights_only loads back
+            _check_meta(value, name)
+        elif type(value) not in _PLAIN_TYPES:
+            kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+            if isinstance(value, torch.Tensor) or getattr(value, "ndim", 0):
+                plain = "x.item() for one number, x.tolist() for several"
+            elif isinstance(value, numbers.Integral):
+                plain = "int(x)"
+            elif isinstance(value, numbers.Real):
+                plain = "float(x)"
+            else:
+                plain = "str(x), or the plain values it holds"
+            why = ("a tensor keeps its device and dtype" if isinstance(value, torch.Tensor)
+                   else "torch.load(..., weights_only=True) refuses to load it")
+            raise TypeError(f"checkpoint meta {name} is a {kind} ({value!r:.60}): {why}. Meta data must be "
+                            f"JSON-like (str, int, float, bool, None, lists and dicts of them): pass {plain}")
+
+
+def _current_umask() -> int:
+    """The process umask, read without changing it where Linux exposes it (/proc), else set and put back."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits `open(path, "wb")` would give: the existing file's, else 0o666 minus the umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return 0o666 & ~_current_umask()
 
 
 def _process_alive(pid: int) -> bool:
@@ -273,311 +323,3 @@ def _relabel_tagger(storage: Any) -> str | None:
 
 # Registered once, ahead of PyTorch's own CPU tagger (priority 10); inert outside saved_as_if_on.
 torch.serialization.register_package(1, _relabel_tagger, lambda storage, location: None)
-
-
-# --- exercises ------------------------------------------------------------------------------
-# The hand-written checkpoint of chapter 4, section 2: {"model", "optimizer", "scheduler", "epoch",
-# "rng": {"torch", "cuda"}}, every part a state_dict or a tensor, so it loads with weights_only=True.
-
-def _raised(error: BaseException, limit: int = 160) -> str:
-    """The learner's exception in one short line (long PyTorch messages joined, cut at a word)."""
-    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    if len(message) > limit:
-        message = message[:limit].rsplit(" ", 1)[0] + " …"
-    return f"your function raised {type(error).__name__}: {message}"
-
-
-def _keeps_rng(check: Callable[[Callable], Verdict]) -> Callable[[Callable], Verdict]:
-    """Run a check without disturbing the notebook's random stream (it seeds and restores states)."""
-    def wrapped(fn: Callable) -> Verdict:
-        with torch.random.fork_rng():
-            return check(fn)
-    wrapped.__name__, wrapped.__doc__ = check.__name__, check.__doc__
-    return wrapped
-
-
-def _small_run(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    """A model with dropout, Adam and a StepLR schedule, as in the chapter (CPU, seeded)."""
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
-    return model, optimizer, scheduler
-
-
-def _trained_run(epochs: int = 2) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    """`_small_run(0)` after `epochs` epochs of 4 steps on fixed random data."""
-    model, optimizer, scheduler = _small_run(0)
-    data = torch.randn(4, 8, 6), torch.randn(4, 8, 1)
-    for _ in range(epochs):
-        for x, y in zip(*data):
-            loss = nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        scheduler.step()
-    return model, optimizer, scheduler
-
-
-def _same_tensors(a: Any, b: Any) -> bool:
-    """Equal nested structures of tensors and plain values."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and torch.equal(a.cpu(), b.cpu()))
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_same_tensors(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_tensors(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def _restored_differences(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                          saved: tuple[nn.Module, torch.optim.Optimizer, Any], rng: torch.Tensor) -> str | None:
-    """What a resume left different from the saved run, in the learner's terms (None: nothing)."""
-    saved_model, saved_optimizer, saved_scheduler = saved
-    if not _same_tensors(model.state_dict(), saved_model.state_dict()):
-        return "the model's weights are not the checkpoint's"
-    if not optimizer.state:
-        return ("the optimizer holds no state after your resume: Adam's moments and step counts start from zero, "
-                "so its next steps are not the ones the uninterrupted run takes")
-    if not _same_tensors(optimizer.state_dict(), saved_optimizer.state_dict()):
-        return "the optimizer's state is not the checkpoint's"
-    upcoming, saved_upcoming = _next_learning_rates(optimizer, scheduler), _next_learning_rates(*saved[1:])
-    if upcoming != saved_upcoming or scheduler.last_epoch != saved_scheduler.last_epoch:
-        return (f"after your resume the schedule is at epoch {scheduler.last_epoch} and the next epochs would use "
-                f"the learning rates {_rates(upcoming)}; the uninterrupted run, at epoch "
-                f"{saved_scheduler.last_epoch}, uses {_rates(saved_upcoming)}")
-    if not torch.equal(torch.get_rng_state(), rng):
-        return ("the weights, optimizer and schedule are right, but the next dropout mask (and the next shuffle) "
-                "would differ from the ones the uninterrupted run draws")
-    return None
-
-
-def _next_learning_rates(optimizer: torch.optim.Optimizer, scheduler: Any, epochs: int = 3) -> list[float]:
-    """The learning rate of each of the next `epochs` epochs, stepping copies of the two objects."""
-    optimizer, scheduler = copy.deepcopy((optimizer, scheduler))
-    rates = [optimizer.param_groups[0]["lr"]]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # "lr_scheduler.step() before optimizer.step()": on purpose here
-        for _ in range(epochs - 1):
-            scheduler.step()
-            rates.append(optimizer.param_groups[0]["lr"])
-    return rates
-
-
-def _rates(rates: list[float]) -> str:
-    return "[" + ", ".join(f"{rate:g}" for rate in rates) + "]"
-
-
-@reference_solution("resume_training", chapter=4)
-def _resume_training(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                     scheduler: Any) -> int:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    scheduler.load_state_dict(checkpoint["scheduler"])
-    torch.set_rng_state(checkpoint["rng"]["torch"])
-    if torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
-    return checkpoint["epoch"]
-
-
-@_keeps_rng
-def check_resume_training(fn: Callable) -> Verdict:
-    """Exercise: `fn(path, model, optimizer, scheduler)` restores the chapter's hand-written checkpoint
-    at `path` into fresh objects and returns the epoch to continue from (a run saved after 2 epochs)."""
-    saved = _trained_run(epochs=2)
-    model, optimizer, scheduler = saved
-    rng = torch.get_rng_state()
-    checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                  "scheduler": scheduler.state_dict(), "epoch": 2,
-                  "rng": {"torch": rng, "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "checkpoint.pt"
-        torch.save(checkpoint, path)
-        fresh = _small_run(seed=1)
-        torch.manual_seed(1)                          # "the next morning": another random state
-        try:
-            epoch = fn(path, *fresh)
-        except Exception as error:
-            observed = _raised(error)
-        else:
-            if epoch is None and not fresh[1].state and fresh[2].last_epoch == 0:
-                observed = None                       # still `...`: nothing ran
-            else:
-                observed = _restored_differences(*fresh, saved, rng)
-                if observed is None and epoch != 2:
-                    observed = f"everything is restored, but it returned {epoch!r}; the checkpoint's epoch is 2"
-    return report_check("resume_training", observed is None, observed,
-                        ["list what decides the next step of training: the weights are only one of them",
-                         "the learning rate comes from an object that has its own state_dict; the dropout masks "
-                         "come from a generator whose state is in the checkpoint too"])
-
-
-@reference_solution("checkpoint_dict", chapter=4)
-def _checkpoint_dict(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, epoch: int) -> dict:
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "epoch": epoch,
-        "rng": {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-    }
-
-
-@_keeps_rng
-def check_checkpoint_dict(fn: Callable) -> Verdict:
-    """Exercise: `fn(model, optimizer, scheduler, epoch)` returns the chapter's checkpoint dict; the check
-    saves it, loads it with weights_only=True and restores it into fresh objects."""
-    saved = _trained_run(epochs=2)
-    rng = torch.get_rng_state()
-    observed = None
-    try:
-        checkpoint = fn(*saved, 2)
-    except Exception as error:
-        checkpoint, observed = None, _raised(error)
-    if observed is None and checkpoint is not None:
-        buffer = io.BytesIO()
-        try:
-            torch.save(checkpoint, buffer)
-            buffer.seek(0)
-            loaded = torch.load(buffer, weights_only=True)
-        except pickle.UnpicklingError as error:
-            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
-            refused = f"it holds a {found.group(1)} object" if found else str(error).splitlines()[0]
-            observed = f"torch.load(..., weights_only=True) refuses your checkpoint: {refused} (Unsupported global)"
-        except Exception as error:
-            observed = f"your checkpoint could not be saved and loaded back: {type(error).__name__}: {error}"
-        else:
-            missing = [key for key in ("model", "optimizer", "scheduler", "epoch", "rng")
-                       if not isinstance(loaded, dict) or key not in loaded]
-            if missing:
-                observed = (f"your checkpoint has no {', '.join(repr(k) for k in missing)} entr"
-                            f"{'y' if len(missing) == 1 else 'ies'}: a resume from it cannot restore "
-                            + ("Adam's moments and step counts" if missing == ["optimizer"] else "the run"))
-            else:
-                fresh = _small_run(seed=1)
-                try:
-                    fresh[0].load_state_dict(loaded["model"])
-                    fresh[1].load_state_dict(loaded["optimizer"])
-                    fresh[2].load_state_dict(loaded["scheduler"])
-                    torch.set_rng_state(loaded["rng"]["torch"])
-                except Exception as error:
-                    observed = f"restoring your checkpoint failed: {type(error).__name__}: {error}"
-                else:
-                    observed = _restored_differences(*fresh, saved, rng)
-                    if observed is None and loaded["epoch"] != 2:
-                        observed = f"its 'epoch' is {loaded['epoch']!r}; the function was given 2"
-    return report_check("checkpoint_dict", observed is None, observed,
-                        ["load what you saved the way the chapter does, with weights_only=True: what does it "
-                         "accept, and what does it refuse?",
-                         "which object's state decides how big Adam's next step is?"])
-
-
-@reference_solution("load_matching", chapter=4)
-def _load_matching(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> list[str]:
-    own = model.state_dict()
-    matched = {}
-    for key, value in state_dict.items():
-        for prefix in ("module.", "_orig_mod."):
-            key = key.removeprefix(prefix)
-        if key in own and value.shape == own[key].shape:
-            matched[key] = value
-    model.load_state_dict(matched, strict=False)
-    return sorted(matched)
-
-
-class _Classifier(nn.Module):
-    def __init__(self, classes: int):
-        super().__init__()
-        self.backbone = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16))
-        self.head = nn.Linear(16, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.backbone(x)))
-
-
-@_keeps_rng
-def check_load_matching(fn: Callable) -> Verdict:
-    """Exercise: `fn(model, state_dict)` loads the entries whose name (without `module.` / `_orig_mod.`)
-    and shape match, keeps the model's values elsewhere, and returns the loaded keys. The check passes a
-    10-class classifier saved from DataParallel into a fresh 5-class one."""
-    torch.manual_seed(0)
-    pretrained, model = _Classifier(10), _Classifier(5)
-    fresh = {key: value.clone() for key, value in model.state_dict().items()}
-    wrapped = {f"module.{key}": value for key, value in pretrained.state_dict().items()}
-    backbone = sorted(key for key in fresh if key.startswith("backbone."))
-    observed = None
-    try:
-        returned = fn(model, wrapped)
-    except Exception as error:
-        mismatch = re.search(r"size mismatch for [^\n]*", str(error))   # the key line, whole
-        observed = (f"your function raised {type(error).__name__}: {mismatch[0].strip()}" if mismatch
-                    else _raised(error))
-    else:
-        now = model.state_dict()
-        untouched = all(torch.equal(now[key], fresh[key]) for key in fresh)
-        if returned is None and untouched:
-            return report_check("load_matching", False, None, [])
-        not_loaded = [key for key in backbone if not torch.equal(now[key], pretrained.state_dict()[key])]
-        if not_loaded:
-            observed = (f"{len(not_loaded)} of the {len(backbone)} backbone tensors were not loaded "
-                        f"(e.g. {not_loaded[0]}): the model kept its random initialisation")
-        elif not (torch.equal(now["head.weight"], fresh["head.weight"]) and torch.equal(now["head.bias"], fresh["head.bias"])):
-            observed = "the new 5-class head changed: it should keep its fresh initialisation"
-        elif sorted(returned or []) != backbone:
-            observed = f"the weights are right, but it returned {returned!r}; expected the loaded keys {backbone}"
-    return report_check("load_matching", observed is None, observed,
-                        ["read the error: which keys does it name, and what does the model have there instead?",
-                         "two entries can have the same name and still not fit; and load_state_dict by default "
-                         "insists on every key of the model"])
-
-
-@reference_solution("epoch_batches_from", chapter=4)
-def _epoch_batches_from(loader: Any, generator: torch.Generator, epoch_start_state: torch.Tensor,
-                        skip: int) -> list:
-    generator.set_state(epoch_start_state)
-    return list(itertools.islice(loader, skip, None))
-
-
-@_keeps_rng
-def check_epoch_batches_from(fn: Callable) -> Verdict:
-    """Exercise: `fn(loader, generator, epoch_start_state, skip)` returns the batches of an interrupted
-    epoch from batch `skip` on, in the order the uninterrupted epoch gave them. `loader` shuffles with
-    `generator`; `epoch_start_state` is the generator's state saved when that epoch began."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    def make_loader(seed: int) -> tuple[DataLoader, torch.Generator]:
-        generator = torch.Generator().manual_seed(seed)
-        return DataLoader(TensorDataset(torch.arange(24)), batch_size=4, shuffle=True, generator=generator), generator
-
-    loader, generator = make_loader(7)
-    list(loader)                                          # epoch 0
-    epoch_start_state = generator.get_state()
-    expected = [batch[0].tolist() for batch in loader][2:]   # epoch 1, from its third batch
-    resumed_loader, resumed_generator = make_loader(8)    # fresh objects in a new process
-    observed = None
-    try:
-        got = fn(resumed_loader, resumed_generator, epoch_start_state.clone(), 2)
-        if got is None:
-            return report_check("epoch_batches_from", False, None, [])
-        got = [batch[0].tolist() if isinstance(batch, (list, tuple)) else batch.tolist() for batch in got]
-    except Exception as error:
-        observed = _raised(error)
-    else:
-        seen = {i for batch in got for i in batch}
-        if got == expected:
-            observed = None
-        elif len(got) != len(expected):
-            observed = (f"it gave {len(got)} batches; the interrupted epoch had {len(expected)} left "
-                        f"(6 batches of 4, 2 already trained on)")
-        elif seen == {i for batch in expected for i in batch}:
-            observed = (f"the right samples, in another order: first batch {got[0]}, the uninterrupted run's "
-                        f"{expected[0]}")
-        else:
-            observed = (f"your first batch is {got[0]}, the uninterrupted run's third batch of that epoch was "
-                        f"{expected[0]}: another shuffle")
-    return report_check("epoch_batches_from", observed is None, observed,
-                        ["the order of an epoch is decided when its iterator is created: by what state?",
-                         "you need the same shuffle as then, and only the batches not yet trained on"])

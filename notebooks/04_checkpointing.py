@@ -18,8 +18,9 @@
 # **You will be able to:** save what can be loaded safely (`state_dict`, not the pickled model); write the
 # checkpoint dict and the resume by hand so that training continues **bit for bit** — also from the middle
 # of an epoch; see why a resume with the weights alone silently becomes another run; prove a resume exact
-# with `check_resume`; load a GPU checkpoint on a laptop; load weights whose keys or shapes don't match
-# without hiding problems; and save so that a `SIGKILL` never costs you the last good checkpoint.
+# with `check_resume`; load a checkpoint written on GPUs this machine lacks (a laptop, or rank 3 of a DDP
+# job); load weights whose keys or shapes don't match without hiding problems; and save so that a
+# `SIGKILL` never costs you the last good checkpoint.
 #
 # **You write the PyTorch; `course_utils` holds the hardened versions.** Every section first shows the
 # short code a practitioner writes (`torch.save({...})`, `torch.load(path, map_location=...,
@@ -31,7 +32,7 @@
 # section 6 and the writers killed in section 9. On a CUDA GPU the training runs on the GPU and section 7
 # saves a real CUDA checkpoint.
 #
-# **Run All:** 21 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 31 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -42,8 +43,12 @@ import re
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from course_utils import (CheckpointError, check_checkpoint_dict, check_epoch_batches_from, check_load_matching,
@@ -293,31 +298,56 @@ def save_atomically(obj, path):
         raise
 
 save_atomically({"model": model.state_dict(), "epoch": 4}, artifacts / "atomic_by_hand.pt")
-print(sorted(torch.load(artifacts / "atomic_by_hand.pt", weights_only=True)), "| left behind:",
-      [p.name for p in artifacts.glob(".atomic_by_hand.pt.*")])
+left_behind = [p.name for p in artifacts.glob(".atomic_by_hand.pt.*")]
+print(sorted(torch.load(artifacts / "atomic_by_hand.pt", weights_only=True)), "| left behind:", left_behind)
+assert not left_behind
 
 # %% [markdown]
 # `save_checkpoint` is that function hardened: the same dict as section 2 (model, optimizer, scheduler,
 # `GradScaler`, your meta data such as epoch and best score) plus the state of **every** generator —
 # Python's `random`, NumPy, torch on the CPU and on each GPU — written with the temp-file + `fsync` +
 # `os.replace` recipe (its source, `save_checkpoint??`, also `fsync`s the folder, so that the rename itself
-# survives a power cut), meta data checked to be plain JSON so the file always loads with
-# `weights_only=True` (a tensor as the best score is refused when saving, below, not when loading next
-# week), and the temporary files of killed writers removed. `load_checkpoint` is the resume of section 2: `weights_only=True`, `map_location`
-# defaulting to the model's device, a clear `CheckpointError` for a truncated file or a missing part.
-#
-# Before training on, re-run validation and compare with the value logged at save time: bit for bit on
-# the CPU, a cheap proof that the right weights came back (and it must not shift the random stream).
+# survives a power cut), meta data checked to be plain JSON-like values so the file always loads with
+# `weights_only=True` (below), the permissions `torch.save` would give (what the umask allows; `mkstemp`
+# alone gives 0600), and the temporary files of killed writers removed. `load_checkpoint` is the resume of
+# section 2: `weights_only=True`, `map_location` defaulting to the model's device, a clear `CheckpointError`
+# for a truncated file or a missing part.
 
 # %%
 model, optimizer, scheduler = new_run()
 _, vals = train_epochs(model, optimizer, scheduler, 2)
 save_checkpoint(artifacts / "full.pt", model=model, optimizer=optimizer, scheduler=scheduler,
                 epoch=2, global_step=2 * len(train_loader), best_val=vals[-1])
-with expect_error(TypeError, match="JSON-like"):
-    save_checkpoint(artifacts / "full.pt", model=model, epoch=2, best_val=torch.tensor(vals[-1]))
+mode = {name: oct(os.stat(artifacts / name).st_mode & 0o777) for name in ("full.pt", "state_dict.pt")}
+print("permissions: save_checkpoint", mode["full.pt"], "| torch.save", mode["state_dict.pt"])
+assert mode["full.pt"] == mode["state_dict.pt"]
 del model, optimizer, scheduler
 
+# %% [markdown]
+# A pitfall that `torch.save` lets through: a score computed with NumPy (`np.mean`, a scikit-learn metric)
+# is a `numpy.float64`. It prints like a float and even is one for `isinstance` (it subclasses `float`), so
+# the save succeeds — and the `weights_only=True` load refuses the whole file, the day you resume:
+
+# %%
+mean_val = np.mean(vals)                                              # numpy.float64, not float
+print(f"{mean_val} is a {type(mean_val).__module__}.{type(mean_val).__name__}; "
+      f"isinstance(mean_val, float): {isinstance(mean_val, float)}")
+torch.save({"epoch": 2, "best_val": mean_val}, artifacts / "numpy_meta.pt")   # no error here...
+with expect_error(pickle.UnpicklingError, match="Unsupported global: GLOBAL numpy"):
+    torch.load(artifacts / "numpy_meta.pt", weights_only=True)        # ...but here, next week
+before = (artifacts / "full.pt").read_bytes()
+with expect_error(TypeError, match="meta 'best_val' is a numpy.float64"):
+    save_checkpoint(artifacts / "full.pt", model=new_run()[0], epoch=2, best_val=mean_val)   # refused now, named
+assert (artifacts / "full.pt").read_bytes() == before                 # and the last good file is untouched
+torch.save({"epoch": 2, "best_val": float(mean_val)}, artifacts / "numpy_meta.pt")           # the fix: float(x)
+print(torch.load(artifacts / "numpy_meta.pt", weights_only=True))
+
+# %% [markdown]
+# The resume with `load_checkpoint`. Before training on, re-run validation and compare with the value
+# logged at save time: bit for bit on the CPU, a cheap proof that the right weights came back (and it must
+# not shift the random stream).
+
+# %%
 model, optimizer, scheduler = new_run(seed=12345)                     # nothing carried over in memory
 meta = load_checkpoint(artifacts / "full.pt", model=model, optimizer=optimizer, scheduler=scheduler)
 print("meta:", meta)
@@ -387,6 +417,22 @@ next_epoch = [batch.tolist() for (batch,) in loader]
 print("epoch 1 after the resume:", trained_before_kill + rest_of_epoch)
 assert trained_before_kill + rest_of_epoch == uninterrupted[1] and next_epoch == uninterrupted[2]
 print("epochs 1 and 2 match the uninterrupted run batch for batch")
+
+# %% [markdown]
+# **`torchdata`'s `StatefulDataLoader`** does this bookkeeping for you: a drop-in `DataLoader` with
+# `state_dict()` / `load_state_dict()` on the loader itself (the sampler's state and the batches already
+# yielded, with worker processes too), saved in the checkpoint beside the model:
+#
+# ```python
+# from torchdata.stateful_dataloader import StatefulDataLoader
+# loader = StatefulDataLoader(dataset, batch_size=4, shuffle=True)
+# checkpoint["loader"] = loader.state_dict()        # mid-epoch: where the iterator stands
+# ...
+# loader.load_state_dict(checkpoint["loader"])      # the next iter(loader) continues from there
+# ```
+#
+# It is a separate package (`pip install torchdata`), which this course does not install, so it is not
+# run here; the generator-state recipe above is what it does for a map-style dataset, in plain PyTorch.
 
 # %% [markdown]
 # ## 6. Prove a resume exact: `check_resume`
@@ -528,13 +574,61 @@ else:
     with expect_error(RuntimeError, match="map_location=torch.device\\('cpu'\\)"):
         torch.load(artifacts / "from_gpu.pt", weights_only=True)        # no map_location: the real error
 
+saved_on = set()                          # where the file says each tensor lives: map_location sees it
+torch.load(artifacts / "from_gpu.pt", weights_only=True,
+           map_location=lambda storage, location: saved_on.add(location) or storage)
 state = torch.load(artifacts / "from_gpu.pt", map_location="cpu", weights_only=True)["model"]
-print("by hand, map_location='cpu':", {tensor.device for tensor in state.values()})
+print("tensors saved on", saved_on, "| by hand, map_location='cpu':", {tensor.device for tensor in state.values()})
+assert saved_on == {"cuda:0"}             # the file really is a GPU checkpoint
 cpu_model = mlp([8, 64, 64, 1], dropout=0.1)
 load_checkpoint(artifacts / "from_gpu.pt", model=cpu_model)             # map_location: the model's device
-assert {tensor.device.type for tensor in state.values()} == {"cpu"}
 assert torch.equal(cpu_model[0].weight, model[0].weight.cpu())
 print("load_checkpoint loaded it onto", cpu_model[0].weight.device)
+
+# %% [markdown]
+# ### A checkpoint from a bigger machine
+#
+# The file of a multi-GPU job meets both problems at once. Rank 3 of a 4-GPU DDP job saved the wrapped
+# model (`torch.save(ddp_model.state_dict(), path)`, a common slip: the state of `ddp_model.module` is what
+# you want): every key starts with `module.`, and every tensor is tagged `cuda:3` — a GPU this machine
+# lacks. The DDP wrapper below is a real one (a one-process `gloo` group on the CPU), and `saved_as_if_on`
+# tags its tensors as rank 3's GPU would.
+
+# %%
+missing_gpu = f"cuda:{max(3, torch.cuda.device_count())}"                  # an index this machine does not have
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)   # a one-process "job"
+try:
+    ddp_model = DistributedDataParallel(mlp([8, 64, 64, 1], dropout=0.1))
+    with saved_as_if_on(missing_gpu):
+        torch.save(ddp_model.state_dict(), artifacts / "rank3.pt")      # what rank 3 wrote
+finally:
+    dist.destroy_process_group()
+
+with expect_error(RuntimeError, match="Attempting to deserialize object on (a )?CUDA device"):
+    torch.load(artifacts / "rank3.pt", weights_only=True)               # CPU: no CUDA; 1 GPU: no device 3
+state = torch.load(artifacts / "rank3.pt", map_location=device, weights_only=True)   # fix 1: map to our device
+print("keys as saved:", list(state)[:2], "...")
+single = mlp([8, 64, 64, 1], dropout=0.1).to(device)
+with expect_error(RuntimeError, match="(?s)Missing key\\(s\\).*Unexpected key\\(s\\).*module\\.0\\.weight"):
+    single.load_state_dict(state)
+consume_prefix_in_state_dict_if_present(state, "module.")               # fix 2: PyTorch's own prefix strip
+single.load_state_dict(state)
+assert all(torch.equal(a.cpu(), b) for a, b in zip(single.parameters(), ddp_model.module.parameters()))
+print(f"loaded on {device} the weights saved on {missing_gpu} by a DDP-wrapped model: identical")
+
+unwrapped = single.state_dict()                                         # a file saved without the wrapper
+cut = {key[len("module."):]: value for key, value in unwrapped.items()}  # the prefix cut from every key
+print("key[7:] on that file:", list(unwrapped)[:2], "->", list(cut)[:2])
+assert not set(cut) & set(unwrapped)                                    # no name the model knows is left
+consume_prefix_in_state_dict_if_present(unwrapped, "module.")           # strips only where present
+assert list(unwrapped) == list(single.state_dict())
+
+# %% [markdown]
+# `map_location` takes a device (`device`, `"cpu"`), a dict (`{"cuda:3": "cuda:0"}`) or a function. The
+# prefix strip must be conditional: `consume_prefix_in_state_dict_if_present` strips `module.` from the
+# keys that have it and leaves a file saved without the wrapper alone, where `key[7:]` on every key left
+# no name the model knows (the last lines of the cell).
+# Better still, save what the wrapper wraps: `torch.save(ddp_model.module.state_dict(), path)` on rank 0.
 
 
 # %% [markdown]
@@ -630,43 +724,45 @@ assert [key for key, _, _ in report.shape_mismatch] == ["head.weight", "head.bia
 # ## 9. Crash safety under a real `SIGKILL`
 #
 # A process can die at any instant: out-of-memory killer, pre-empted cloud machine, Ctrl-C at the wrong
-# moment. We start a real subprocess that writes a 64 MB checkpoint over and over with a plain
-# `torch.save(state, path)` and `SIGKILL` it once a megabyte of the new file is on disk:
+# moment. We start a real subprocess that overwrites a 16 MB checkpoint with a plain `torch.save(state,
+# path)`. So that the kill lands at a **known point** on any machine, however busy, the writer stops by
+# itself after exactly 1 MiB of the new file has been written, says so, and waits; then it gets `SIGKILL`:
 
 # %%
 plain = artifacts / "plain.pt"
-torch.save(big_model(64, 1.0).state_dict(), plain)
-print("exit code of the killed writer:", kill_while_saving(plain, atomic=False, megabytes=64, after_bytes=2**20))
-print(f"{plain.name} is now {os.path.getsize(plain):,} bytes (a complete one is about 64 MiB)")
+torch.save(big_model(16, 1.0).state_dict(), plain)                     # the last good checkpoint
+complete = os.path.getsize(plain)
+killed = kill_while_saving(plain, atomic=False, megabytes=16, kill_at="mid-write", after_bytes=2**20)
+print(killed)
+print(f"{plain.name} is now {os.path.getsize(plain):,} bytes; the complete one had {complete:,}")
+assert killed.returncode == -9 and os.path.getsize(plain) == killed.bytes_written < complete   # old file gone
 with expect_error(RuntimeError, match="PytorchStreamReader failed reading zip archive"):
     torch.load(plain, weights_only=True)
 with expect_error(CheckpointError, match="truncated or corrupt"):
-    load_checkpoint(plain, model=big_model(64, 0.0))
+    load_checkpoint(plain, model=big_model(16, 0.0))
 
 # %% [markdown]
-# The previous checkpoint is gone and the new one is half written: a zip archive without its central
+# The previous checkpoint is gone and the new one is cut short: a zip archive without its central
 # directory, the message above. `save_checkpoint` uses the recipe of section 4 (temporary file in the same
 # folder, `fsync`, `os.replace`), so the target is always either the complete old file or the complete
-# new one. The writer below saves version 2 (weights 2.0) over the version 1 (weights 1.0) again and
-# again, until it is killed: once the moment it starts, once after 0.4 s. Which moment the kill hits
-# depends on the machine's speed — before any byte was written, in the middle of a write, or after one or
-# more writes finished and in the middle of the next — so both versions can appear below. Either way the
-# file loads complete, and a killed write leaves only its temporary file, which the next load removes.
+# new one. The same writer now saves version 2 (weights 2.0) over version 1 (weights 1.0) with
+# `save_checkpoint`, and is killed at the same point — 1 MiB into its write — and, in a second run, right
+# after a save has completed.
 
 # %%
 atomic = artifacts / "atomic.pt"
-save_checkpoint(atomic, model=big_model(64, 1.0), version=1)
-for delay in (0.0, 0.4):
-    code = kill_while_saving(atomic, atomic=True, megabytes=64, delay_s=delay)
-    left_behind = list(artifacts.glob(".atomic.pt.*.partial"))    # the killed writer's temporary file
-    survivor = big_model(64, 0.0)
+save_checkpoint(atomic, model=big_model(16, 1.0), version=1)
+for kill_at, expected_version in (("mid-write", 1), ("after-save", 2)):
+    killed = kill_while_saving(atomic, atomic=True, megabytes=16, kill_at=kill_at, after_bytes=2**20)
+    left_behind = {p.name: p.stat().st_size for p in artifacts.glob(".atomic.pt.*.partial")}   # the temporary file
+    survivor = big_model(16, 0.0)
     meta = load_checkpoint(atomic, model=survivor)     # loads the survivor, removes dead writers' leftovers
-    expected_value = {1: 1.0, 2: 2.0}[meta["version"]]
-    assert code == -9 and torch.all(survivor.weight == expected_value)
-    assert len(left_behind) <= 1 and not list(artifacts.glob(".atomic.pt.*.partial"))
-    finished = "a write had finished before the kill" if meta["version"] == 2 else "no write had finished"
-    litter = "the killed write's temporary file was removed by the load" if left_behind else "no temporary file was left"
-    print(f"killed after {delay:.1f} s -> loads complete, version {meta['version']} ({finished}; {litter})")
+    print(f"{killed}\n  -> {atomic.name} loads complete: version {meta['version']}, weights "
+          f"{survivor.weight.unique().tolist()}; temporary files left by the writer: {list(left_behind.values())} bytes")
+    assert killed.returncode == -9 and meta["version"] == expected_version
+    assert torch.all(survivor.weight == float(expected_version))
+    assert list(left_behind.values()) == ([2**20] if kill_at == "mid-write" else [])   # the cut write is there...
+    assert not list(artifacts.glob(".atomic.pt.*.partial"))                          # ...until the load removes it
 
 # %% [markdown]
 # A killed writer cannot clean up after itself (no `finally` runs under `SIGKILL`), so its temporary file,
@@ -686,7 +782,8 @@ for delay in (0.0, 0.4):
 # **Exercise 1 — a resume (there are 2 bugs).** `resume_training` restores a checkpoint written as in
 # section 2 (`"model"`, `"optimizer"`, `"scheduler"`, `"epoch"`, `"rng": {"torch", "cuda"}`) into freshly
 # built objects, so that training continues exactly as the uninterrupted run would, and returns the
-# epoch to continue from.
+# epoch to continue from. The check resumes two runs with it: one like section 2's (Adam, `StepLR`,
+# dropout) and one the chapter did not show (SGD with momentum, `ReduceLROnPlateau`, BatchNorm).
 
 # %%
 @exercise
@@ -702,7 +799,8 @@ check_resume_training(resume_training)
 # %% [markdown]
 # **Exercise 2 — the checkpoint dict (there are 2 bugs).** `checkpoint_dict` returns the dict that
 # section 2 saves, for the end of epoch `epoch`: it must load with `weights_only=True` and restore the run
-# exactly.
+# exactly. The check restores your dict strictly into fresh objects, for a run like the chapter's and for
+# one with BatchNorm, SGD with momentum and `ReduceLROnPlateau`, saved at another epoch.
 
 # %%
 @exercise
@@ -722,7 +820,9 @@ check_checkpoint_dict(checkpoint_dict)
 # **Exercise 3 — loading what matches (there are 2 bugs).** `load_matching` loads every entry of
 # `state_dict` whose name (after removing a `module.` or `_orig_mod.` prefix) and shape match the model,
 # leaves the model's other values as they are, and returns the sorted list of loaded keys. The check
-# loads a 10-class classifier saved from `DataParallel` into a 5-class one.
+# loads a 10-class classifier saved from `DataParallel` into a 5-class one, then a model the chapter did
+# not show (BatchNorm, a block wrapped in a module whose attribute is named `module`, a head named `fc`),
+# saved once without any prefix and once by `torch.compile`.
 
 # %%
 @exercise
@@ -745,7 +845,9 @@ check_load_matching(load_matching)
 # job was killed after `skip` batches of an epoch, and the checkpoint holds `epoch_start_state`, the
 # generator's state when that epoch began. Return the batches of that epoch that were not trained on yet,
 # in the order the uninterrupted run gave them, as a list of what the loader yields (for the check's
-# `TensorDataset` of sample numbers, each batch is a one-element list holding a tensor of 4 numbers).
+# `TensorDataset` of sample numbers, each batch is a one-element list holding a tensor of sample numbers).
+# The check runs it on section 5's case and on other dataset sizes, batch sizes, epochs and points of
+# interruption.
 
 # %%
 @exercise
@@ -760,28 +862,41 @@ check_epoch_batches_from(epoch_batches_from)
 # - Save `state_dict()`s, load with `weights_only=True`; never `weights_only=False` on a file you did not make.
 # - A resumable checkpoint holds model, optimizer, scheduler (and `GradScaler`), epoch/step/best score, the
 #   RNG states, and mid-epoch the data position (the loader generator's state at the epoch's start and the
-#   batches done). Adam's state alone is twice the weights.
+#   batches done — or `torchdata`'s `StatefulDataLoader.state_dict()`). Adam's state alone is twice the weights.
+# - Meta data in a checkpoint must be plain Python: `float(np.mean(...))`, `loss.item()`. A `numpy.float64`
+#   saves fine and makes the `weights_only=True` load refuse the whole file; `save_checkpoint` refuses it at
+#   save time, naming the key.
 # - A resume with the weights alone raises nothing: the run silently becomes another one.
 # - After loading, re-run validation and compare with the logged value; prove a resume with `check_resume`
 #   (fresh processes, step by step) before trusting a week-long job to it.
-# - `torch.load(path, map_location=..., weights_only=True)` (or `load_checkpoint`, which defaults to the
-#   model's device) loads GPU checkpoints anywhere.
+# - Tensors are saved with their device: `torch.load(path, map_location=..., weights_only=True)` (or
+#   `load_checkpoint`, which defaults to the model's device) loads a file from `cuda:3` on a laptop or a
+#   one-GPU machine.
+# - A DDP/DataParallel wrapper's state dict has `module.` keys: save `ddp_model.module.state_dict()`, and
+#   strip a prefix only where it is (`consume_prefix_in_state_dict_if_present`), never from every key.
 # - `strict=False` neither skips shape mismatches nor complains about a prefix; filter by name and shape
 #   (`load_matching_state_dict`) and read what was left out.
-# - Write to a temporary file in the same folder, `fsync`, `os.replace`: `save_checkpoint` does it.
+# - Write to a temporary file in the same folder, `fsync`, `os.replace`: a writer killed in the middle then
+#   leaves the old file whole. `save_checkpoint` does it.
 #
 # ## Troubleshooting by symptom
 # | You see | Likely cause | Section |
 # |---|---|---|
-# | `UnpicklingError: Weights only load failed` | a pickled whole model or custom object: save `state_dict()` | 1 |
+# | `UnpicklingError: Weights only load failed ... GLOBAL __main__.Net` | a pickled whole model or custom object: save `state_dict()` | 1 |
 # | `AttributeError: Can't get attribute 'Net'` | a whole-model file after the class moved | 1 |
+# | `UnpicklingError: ... Unsupported global: GLOBAL numpy._core.multiarray.scalar` | a NumPy number (`np.mean`, a metric) saved in the checkpoint: store `float(x)` | 4 |
+# | `TypeError: checkpoint meta 'best_val' is a numpy.float64` | `save_checkpoint` refusing that number before writing: pass `float(x)` | 4 |
 # | after resuming, the loss leaves the logged curve (a jump, or an unexplained drop) from the second step | optimizer/scheduler state not restored | 3 |
 # | after resuming, samples repeat or the order differs from the log | the epoch restarted: save the loader generator's state and the batches done | 5 |
 # | `check_resume`: `resume is NOT exact at step N` | the message names the part not restored (scheduler, RNG, data order, optimizer) | 6 |
-# | `Attempting to deserialize object on a CUDA device` | GPU checkpoint on a CPU machine: `map_location` | 7 |
-# | `Missing key(s) ... Unexpected key(s) ... module.` | DataParallel/DDP prefix: strip it, `load_matching_state_dict` | 8 |
+# | `Attempting to deserialize object on a CUDA device but torch.cuda.is_available() is False` | GPU checkpoint on a CPU machine: `map_location` | 7 |
+# | `Attempting to deserialize object on CUDA device 3 but torch.cuda.device_count() is 1` | a file from a bigger machine: `map_location=device` (or `{"cuda:3": "cuda:0"}`) | 7 |
+# | `Missing key(s) ... Unexpected key(s) ... module.` | DataParallel/DDP prefix: `consume_prefix_in_state_dict_if_present`, `load_matching_state_dict` | 7, 8 |
+# | after stripping `module.`, nothing loads from another file (or `strict=False` loads nothing) | the prefix was cut from keys that did not have it: strip only where present | 7, exercise 3 |
+# | `Missing key(s) in state_dict: "bn.running_mean" ...` | buffers left out of the checkpoint (`named_parameters()` instead of `state_dict()`) | exercise 2 |
 # | `size mismatch for head.weight` (also with `strict=False`) | a different head: load the rest by name and shape | 8 |
 # | `PytorchStreamReader failed reading zip archive: failed finding central directory` | a write was interrupted: save with the temp-file recipe (`save_checkpoint`) | 9 |
+# | files `.NAME.HOST.PID.xxxx.partial` beside a checkpoint | a killed writer's temporary file: the next `save_checkpoint`/`load_checkpoint` removes it | 9 |
 
 # %%
 print(progress(chapter=4))
