@@ -1,14 +1,12 @@
-"""Chapter 2: finding modules and tensors that an `nn.Module` holds but does not register, and the
-check of the chapter's module exercise."""
+"""Chapter 2: finding modules and tensors that an `nn.Module` holds but does not register."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from course_utils import _checks
-from course_utils.exercises import Verdict, reference_solution, report_check
 
 # Attributes every nn.Module has that are not user state.
 _INTERNAL = {"training"}
@@ -104,83 +102,3 @@ def unchanged(model: nn.Module, before: dict[str, torch.Tensor], names: list[str
     if not keys:
         raise ValueError(f"no parameter of the snapshot lies under {names}")
     return all(torch.equal(before[k], now[k]) for k in keys)
-
-
-# --- exercise -------------------------------------------------------------------------------
-
-class _NormalisedMLP(nn.Module):
-    """(N, sizes[0]) -> (N, sizes[-1]): standardise the input with a fixed mean and std, then an MLP."""
-
-    def __init__(self, sizes: list[int], mean: torch.Tensor, std: torch.Tensor):
-        super().__init__()
-        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-2], sizes[1:-1]))
-        self.head = nn.Linear(sizes[-2], sizes[-1])
-        self.register_buffer("mean", mean)
-        self.register_buffer("std", std)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = (x - self.mean) / self.std
-        for layer in self.hidden:
-            x = torch.relu(layer(x))
-        return self.head(x)
-
-
-@reference_solution("build_normalised_mlp", chapter=2)
-def _build_normalised_mlp(sizes: list[int], mean: torch.Tensor, std: torch.Tensor) -> nn.Module:
-    return _NormalisedMLP(sizes, mean, std)
-
-
-def check_build_normalised_mlp(fn: Callable) -> Verdict:
-    """Exercise: `fn(sizes, mean, std)` builds a model whose every Linear layer is trained and saved,
-    and whose `mean` / `std` are saved and moved with it but are not parameters (sizes [4, 16, 16, 1])."""
-    sizes = [4, 16, 16, 1]
-    generator = torch.Generator().manual_seed(5)
-    x = torch.randn(64, 4, generator=generator) * 3 + 2
-    y = x.sum(dim=1, keepdim=True)
-    mean, std = x.mean(dim=0), x.std(dim=0)
-    expected_tensors = 2 * (len(sizes) - 1)
-    observed = None
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(5)
-            model = fn(sizes, mean.clone(), std.clone())
-        problems = []
-        parameters = list(model.parameters())
-        if len(parameters) != expected_tensors:
-            problems.append(f"parameters() holds {len(parameters)} tensors; {len(sizes) - 1} Linear layers "
-                            f"have {expected_tensors} (a weight and a bias each)")
-        state = model.state_dict()
-        unsaved = []
-        for name, value in (("mean", mean), ("std", std)):
-            as_parameter = [p for p in parameters if p.shape == value.shape and torch.equal(p.detach(), value)]
-            if as_parameter and as_parameter[0].requires_grad:
-                problems.append(f"`{name}` is a trainable parameter: every optimizer step would change the "
-                                "normalisation")
-            elif as_parameter:
-                problems.append(f"`{name}` is a parameter (frozen with requires_grad=False): it is saved and moved, "
-                                "but every optimizer built from model.parameters() receives it, and "
-                                "model.requires_grad_() would make it trainable")
-            elif not any(v.shape == value.shape and torch.equal(v, value) for v in state.values()):
-                unsaved.append(f"`{name}`")
-        if unsaved:
-            problems.append(f"{' and '.join(unsaved)} {'is' if len(unsaved) == 1 else 'are'} not in state_dict() "
-                            f"(its keys: {', '.join(state) or 'none'}): not saved, not moved by .to()")
-        if parameters:
-            before = snapshot(model)
-            optimizer = torch.optim.SGD(parameters, lr=0.01)
-            for _ in range(20):
-                optimizer.zero_grad()
-                nn.functional.mse_loss(model(x), y).backward()
-                optimizer.step()
-            now = snapshot(model)
-            frozen = sorted({k.rsplit(".", 1)[0] for k in before if torch.equal(before[k], now[k])})
-            if frozen:
-                problems.append(f"in 20 training steps these layers did not change: {', '.join(frozen)}")
-        observed = "; ".join(problems) or None
-    except Exception as error:  # the learner's bug, reported rather than raised
-        observed = f"your function raised {type(error).__name__}: {error}"
-    return report_check("build_normalised_mlp", observed is None, observed,
-                        ["compare model.parameters() and model.state_dict().keys() with what the model "
-                         "holds, as section 4 did by hand",
-                         "nn.Module registers what you assign as a Module, a Parameter or a buffer; a plain "
-                         "Python list or a plain tensor is none of these"])

@@ -17,7 +17,8 @@
 #
 # **You will be able to:** pick `num_workers`, `pin_memory` and `drop_last` from measurements instead
 # of folklore; see with `named_parameters()` and `state_dict()` which layers and tensors PyTorch never
-# sees; write a training step in the one correct order, with gradient clipping and accumulation; and
+# sees; write a training step whose order keeps the two rules that matter, with gradient clipping and
+# accumulation; tell a data-bound run from a compute-bound one with the profiler; and
 # evaluate with `model.eval()` *and* `torch.inference_mode()`, knowing what each of the two does.
 #
 # **You write the PyTorch; `course_utils` holds the hardened versions of what you write.** Each section
@@ -26,11 +27,11 @@
 #
 # **Hardware and time.** Every number below is measured on the machine running the notebook (printed next
 # to it). Where workers start with `spawn` or `forkserver` (macOS, Windows, Linux from Python 3.14) each
-# worker is a fresh Python that imports `torch`, so section 1, which starts about twenty of them, takes
+# worker is a fresh Python that imports `torch`, so section 1, which starts about forty of them, takes
 # longer than on Linux with `fork`. On a CUDA GPU the same cells run, and section 2 measures real
 # host-to-device copies.
 #
-# **Run All:** 31 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 25 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import multiprocessing
@@ -39,20 +40,22 @@ import pickle
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import psutil
 import torch
 from torch import nn
 from torch.utils import benchmark
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from course_utils import (SmallConvNet, SyntheticImages, benchmark_loader, capture_process_stderr,
-                          check_accumulate_step, check_build_normalised_mlp, check_predict_batches,
-                          check_train_loop, compare_pinned_copy, evaluate, exercise, expect_error,
-                          expect_warning, find_unregistered_modules, fit, get_device, hardware_summary,
-                          idle_cores, mlp, plot_losses, progress, saved_activation_bytes, seed_everything,
-                          snapshot, train_accumulated, train_step, unchanged)
+from course_utils import (SmallConvNet, SyntheticImages, capture_process_stderr, check_accumulate_step,
+                          check_build_normalised_mlp, check_predict_batches, check_train_loop,
+                          compare_pinned_copy, compare_speed, evaluate, exercise, expect_error, expect_warning,
+                          find_unregistered_modules, fit, get_device, hardware_summary, idle_cores, mlp,
+                          plot_losses, progress, saved_activation_bytes, seed_everything, snapshot,
+                          torch_threads, train_accumulated, train_step, unchanged)
 
 # %load_ext course_utils
 device = get_device()
@@ -78,57 +81,135 @@ for images, labels in DataLoader(dataset, batch_size=32, num_workers=0):
 print(f"one pass, num_workers=0, timed by hand: {time.perf_counter() - start:.2f} s")
 
 # %% [markdown]
-# That single number mixes the start-up with the steady state. `benchmark_loader` is the same loop,
-# hardened: it times the first batch apart, excludes one warm-up batch per worker from the rate (so that
-# every worker has started), and reports samples per second. A speed-up from workers needs **idle cores**, and a laptop with a browser and a video call
-# open (or a CI machine shared with other jobs) may not have them. `psutil` measures them in one line:
-# how busy each logical core was over half a second, in percent. We measure before and after
-# (`course_utils.idle_cores()` is that same line, as a function).
+# That single number is one sample: on a shared machine it also measures whatever else ran at that moment,
+# and with workers it would include their start-up. Two loaders timed one after the other measure the
+# machine as much as the loaders. So we time whole **epochs** of both loaders in alternating blocks, inside one
+# measurement (`compare_speed`: a round-robin loop of `torch.utils.benchmark` timings, the order rotating,
+# the same warm-up for both), and call one faster only when the spreads (first to third quartile of the
+# blocks) do not overlap. In plain PyTorch the heart of it is three lines:
+#
+# ```python
+# for block in range(7):                                         # round-robin blocks
+#     for name, timer in timers.items():                         # timer = benchmark.Timer("one_epoch(loader)", ...)
+#         epoch_s[name].append(timer.timeit(1).mean)
+# ```
+#
+# The loader with workers is built with `persistent_workers=True`: its workers start once, in the first
+# (untimed) call, so the blocks compare steady-state epochs. A speed-up from workers also needs **idle
+# cores**, and a laptop with a browser and a video call open (or a CI machine shared with other jobs) may
+# not have them. `psutil` measures them in one line: how busy each logical core was over half a second,
+# in percent. We measure before and after (`course_utils.idle_cores()` is that same line, as a function).
 
 # %%
 cores = os.cpu_count() or 1
 busy_percent = psutil.cpu_percent(interval=0.5, percpu=True)     # e.g. [93.0, 8.2]: one number per core
 idle_before = sum(100 - busy for busy in busy_percent) / 100
-stats = {n: benchmark_loader(DataLoader(dataset, batch_size=32, num_workers=n), label=f"num_workers={n}")
-         for n in (0, 2)}
+
+epoch_data = SyntheticImages(n=32)                               # one epoch: 4 batches of 8
+main_process = DataLoader(epoch_data, batch_size=8, num_workers=0)
+two_workers = DataLoader(epoch_data, batch_size=8, num_workers=2, persistent_workers=True)
+
+def one_epoch(loader):
+    for batch in loader:
+        pass
+
+children_before = {child.pid for child in psutil.Process().children(recursive=True)}
+speed = compare_speed({"num_workers=0": lambda: one_epoch(main_process),
+                       "num_workers=2": lambda: one_epoch(two_workers)}, blocks=7, block_s=0.01)
 idle_after = idle_cores()
-print(hardware_summary())
 print(f"idle logical cores: {idle_before:.1f} of {cores} before, {idle_after:.1f} after the measurement")
-for s in stats.values():
-    print(s)
+print(speed)
 
 # %%
-speedup = stats[2].samples_per_s / stats[0].samples_per_s
-idle = min(idle_before, idle_after)
-print(f"num_workers=2 gave {speedup:.2f}x the throughput of num_workers=0")
-if cores >= 2 and idle >= 1.7:
-    assert speedup > 1.2, "with two idle cores, two workers should clearly beat the main process alone"
-    print(f"{idle:.1f} idle cores: the two workers ran in parallel, as expected")
+outcome, idle = speed.outcome("num_workers=2"), min(idle_before, idle_after)
+print(f"two workers: {speed.verdict('num_workers=2')}; {idle:.1f} of {cores} cores idle around the measurement")
+if outcome == "faster":
+    print("the epochs with two workers were faster: the spreads do not overlap"
+          + ("" if idle >= 1.7 else " (measured while other programs kept cores busy: a repeat may differ)"))
 else:
-    print(f"this run cannot test the claim: it needs about 2 idle cores, and only {idle:.1f} of {cores} were "
-          "idle, so the workers shared the CPU with other load and their speed-up (whatever it came to) "
-          "is not checked")
+    print("inconclusive here: this run cannot show the speed-up (" + outcome + "); "
+          + ("with fewer than 2 idle cores the workers shared the CPU with other programs. " if idle < 1.7 else
+             "the cores were idle before and after: other work ran in between, or workers gain nothing here. ")
+          + "The next cell shows where the work ran, which does not depend on the load")
+
+# %% [markdown]
+# Whatever the verdict, **where** the work runs does not depend on how busy the machine is: CPU time counts
+# the time a process actually computed, not the time it waited for a core. `time.process_time()` is the
+# training process's CPU time; `psutil` reads the workers' (still alive between epochs, since they persist).
+# Three epochs of each loader:
+
+# %%
+def cpu_seconds(process):
+    times = process.cpu_times()
+    return times.user + times.system
+
+workers = [child for child in psutil.Process().children(recursive=True) if child.pid not in children_before]
+cpu = {}
+for name, loader in [("num_workers=0", main_process), ("num_workers=2", two_workers)]:
+    main_start, workers_start = time.process_time(), [cpu_seconds(w) for w in workers]
+    for epoch in range(3):
+        one_epoch(loader)
+    cpu[name] = (time.process_time() - main_start, [cpu_seconds(w) - s for w, s in zip(workers, workers_start)])
+for name, (main_s, workers_s) in cpu.items():
+    print(f"{name}: training process {main_s * 1000:4.0f} ms of CPU; worker processes: "
+          + (", ".join(f"{s * 1000:.0f} ms" for s in workers_s) if name != "num_workers=0" else "none used"))
+alone, (with_workers, per_worker) = cpu["num_workers=0"][0], cpu["num_workers=2"]
+busiest = sorted(per_worker, reverse=True)[:2]
+assert with_workers < 0.25 * alone              # the training process no longer does the work...
+assert sum(per_worker) > 0.6 * alone            # ...the workers do (CPU time: independent of the load)
+assert len(busiest) == 2 and min(busiest) > 0.2 * sum(per_worker)   # and both of them, each its share
+del two_workers                                  # a persistent loader's workers end with it
 
 # %% [markdown]
 # **The first batch arrives later with workers**: each worker is a process that must start before it can
 # deliver anything, and by default a loader shuts its workers down at the end of every epoch, so the next
-# epoch starts them again. `persistent_workers=True` keeps them alive between epochs. On a dataset that
-# does no work at all, the difference is pure start-up; three epochs each:
+# epoch starts them again. `persistent_workers=True` keeps them alive between epochs. The processes
+# themselves show it: list the training process's children (`psutil`) right after the first batch of each
+# of three epochs.
 
 # %%
 no_work = TensorDataset(torch.zeros(64, 4))
-start_main = benchmark_loader(DataLoader(no_work, batch_size=8, num_workers=0)).first_batch_s
-first_batch_ms = {}
-for persistent in (False, True):
-    loader = DataLoader(no_work, batch_size=8, num_workers=2, persistent_workers=persistent)
-    first_batch_ms[persistent] = [benchmark_loader(loader).first_batch_s * 1000 for epoch in range(3)]
-print(f"first batch of an epoch: {start_main * 1000:.1f} ms in the main process")
-for persistent, times in first_batch_ms.items():
-    print(f"  2 workers, persistent_workers={persistent!s:5}: " + ", ".join(f"{ms:5.1f} ms" for ms in times)
-          + "  (epochs 1, 2, 3)")
-restarted, kept = first_batch_ms[False][1:], first_batch_ms[True][1:]    # epochs 2 and 3
-assert min(restarted) > 5 * start_main * 1000     # process start-up dominates, and is paid every epoch...
-assert min(restarted) > 3 * max(kept)             # ...unless the workers persist (seen: 10x or more)
+restarting = DataLoader(no_work, batch_size=8, num_workers=2)
+persisting = DataLoader(no_work, batch_size=8, num_workers=2, persistent_workers=True)
+
+def children_after_first_batch(loader):
+    """The pids of the training process's child processes while an epoch of `loader` runs."""
+    iterator = iter(loader)
+    next(iterator)
+    pids = {child.pid for child in psutil.Process().children(recursive=True)}
+    for batch in iterator:             # finish the epoch (a loader without persistent workers then stops them)
+        pass
+    return pids
+
+already_running = {child.pid for child in psutil.Process().children(recursive=True)}
+seen = {name: [sorted(children_after_first_batch(loader) - already_running) for epoch in range(3)]
+        for name, loader in [("persistent_workers=False", restarting), ("persistent_workers=True", persisting)]}
+for name, epochs in seen.items():
+    print(f"{name:25} worker pids in epochs 1, 2, 3: {epochs}")
+assert len({tuple(pids) for pids in seen["persistent_workers=False"]}) == 3   # new processes every epoch
+assert len({tuple(pids) for pids in seen["persistent_workers=True"]}) == 1    # the same two, kept alive
+
+# %% [markdown]
+# What a restart costs: on a dataset that does no work at all, an epoch is pure overhead. Five rounds, the
+# three loaders' epochs interleaved in each (the order rotating), timed by hand (with `spawn` workers each
+# restart takes seconds, so five are enough):
+
+# %%
+loaders = {"2 workers, restarted": restarting, "2 workers, persistent": persisting,
+           "main process": DataLoader(no_work, batch_size=8)}
+epoch_ms = {name: [] for name in loaders}
+for round_index in range(5):
+    names = list(loaders)[round_index % 3:] + list(loaders)[:round_index % 3]     # rotate the order
+    for name in names:
+        start = time.perf_counter()
+        one_epoch(loaders[name])
+        epoch_ms[name].append((time.perf_counter() - start) * 1000)
+for name, times in epoch_ms.items():
+    print(f"{name:22} epoch of 8 empty batches: median {np.median(times):7.2f} ms "
+          f"(from {min(times):.2f} to {max(times):.2f} ms)")
+restarted_ms, persistent_ms = epoch_ms["2 workers, restarted"], epoch_ms["2 workers, persistent"]
+assert np.median(restarted_ms) > np.median(persistent_ms)    # every restart pays the start-up (seen: 10x)
+del persisting, loaders
 
 # %% [markdown]
 # **Each worker is a process with its own memory.** `psutil` shows the worker processes while a loader
@@ -201,6 +282,83 @@ else:
     assert list_extra > array_extra + 30   # the list's copy is bigger still (seen: 75-80 MiB)
 del as_array, as_list
 
+# %% [markdown]
+# ### Workers × processes per machine, against the core count
+#
+# `num_workers` counts the workers of **one** loader, and every training process has its own. With DDP
+# (chapter 5) there is one training process per GPU, so a machine runs `processes × num_workers` worker
+# processes, plus the training processes themselves, each of which needs a core to keep its GPU fed. The
+# budget that follows: `processes × (num_workers + 1)` busy processes should not exceed the logical cores.
+
+# %%
+def busy_processes(processes_per_machine, num_workers):
+    """Processes that want a core: the loaders' workers plus the training processes."""
+    return processes_per_machine * (num_workers + 1)
+
+def most_workers(processes_per_machine, logical_cores):
+    """The largest num_workers per training process that keeps every process on a core of its own."""
+    return max(0, logical_cores // processes_per_machine - 1)
+
+setups = [("this notebook", 1, 2, cores),
+          ("chapter 5's CPU DDP on this machine", 2, 2, cores),
+          ("8-GPU node, 96 vCPUs (e.g. AWS p4d.24xlarge)", 8, 8, 96),
+          ("the same node with num_workers=16", 8, 16, 96)]
+for label, processes, num_workers, logical_cores in setups:
+    busy = busy_processes(processes, num_workers)
+    print(f"{label:45} {processes} x ({num_workers} workers + 1) = {busy:3d} busy processes on {logical_cores:2d} "
+          f"cores ({busy / logical_cores:.1f}x); at most num_workers={most_workers(processes, logical_cores)}")
+assert busy_processes(8, 8) <= 96 < busy_processes(8, 16) and most_workers(8, 96) == 11
+assert busy_processes(2, 2) > cores or cores > 4    # chapter 5's two ranks already oversubscribe a small machine
+
+# %% [markdown]
+# PyTorch checks part of this itself: a loader with more workers than the cores this process may use
+# warns. It checks **one loader in one process**, though: the same two workers in each of chapter 5's two
+# processes pass its check, although together they oversubscribe this machine.
+
+# %%
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    DataLoader(no_work, num_workers=min(cores, 2))          # what each DDP process of chapter 5 would build
+print(f"num_workers={min(cores, 2)} in one process: {len(caught)} warning")
+assert not caught
+oversubscribed = 4 * cores
+with expect_warning(UserWarning, match="suggested max number of worker"):
+    DataLoader(no_work, num_workers=oversubscribed)
+
+# %% [markdown]
+# What oversubscribing does here, measured: epochs of `SyntheticImages` with as many workers as cores, and
+# with four times as many, interleaved (both persistent, so start-up stays out of the blocks). More
+# processes cannot make more CPU: at best they take a larger share of it **from other programs** (the
+# scheduler shares the cores between busy processes), and on an 8-GPU node those other programs are the
+# other GPUs' training processes. What they surely cost is start-up (the *first call* column) and a
+# process's memory each (measured above).
+
+# %%
+if oversubscribed <= 32:
+    idle_then = idle_cores()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)        # PyTorch's warning, shown in the cell above
+        fitting = DataLoader(SyntheticImages(n=4 * oversubscribed, work=24), batch_size=4, num_workers=cores,
+                             persistent_workers=True)
+        crowded = DataLoader(SyntheticImages(n=4 * oversubscribed, work=24), batch_size=4,
+                             num_workers=oversubscribed, persistent_workers=True)
+        crowding = compare_speed({f"num_workers={cores}": lambda: one_epoch(fitting),
+                                  f"num_workers={oversubscribed}": lambda: one_epoch(crowded)},
+                                 blocks=5, block_s=0.02)
+    print(f"idle logical cores: {idle_then:.1f} of {cores} before, {idle_cores():.1f} after the measurement")
+    print(crowding)
+    gain = crowding.speedup(f"num_workers={oversubscribed}")
+    worker_mib = max(uss for uss, _ in memory["small array"])
+    print(f"{oversubscribed} workers instead of {cores}: {gain:.2f}x the speed for 4x the processes, and about "
+          f"{(oversubscribed - cores) * worker_mib:.0f} MiB more private memory ({worker_mib:.0f} MiB per worker "
+          "measured above)")
+    assert gain < 2.5      # 4x the workers on the same cores: far from 4x the speed (it would be, were cores free)
+    assert crowding[f"num_workers={oversubscribed}"].first_call_s > crowding[f"num_workers={cores}"].first_call_s
+    del fitting, crowded
+else:
+    print(f"this machine has {cores} logical cores: oversubscribing it 4x would start {oversubscribed} workers, "
+          "too many for this notebook; the measurement is skipped")
+
 
 # %% [markdown]
 # **Pitfall: a `Dataset` defined in the notebook, with `spawn` or `forkserver` workers.** Workers started
@@ -268,6 +426,95 @@ loader = DataLoader(TensorDataset(torch.arange(8)), batch_size=4, num_workers=1,
 batches = [values for (values,) in loader]
 assert len(batches) == 2 and batches[1].tolist() == [4, 5, 6, 7]
 print(f"a {context!r} worker delivered", len(batches), "batches of an importable dataset class")
+
+# %% [markdown]
+# ### Training is slow: is the GPU busy?
+#
+# When training is slow, ask first whether the GPU (on this CPU machine: the model's computation) is busy.
+# If it waits for data, the run is **data-bound**: a faster GPU, mixed precision or a smaller model change
+# nothing, and more workers (where cores are idle) or cheaper preprocessing do. If it is busy, the run is
+# **compute-bound** and the loader is not the problem. `torch.profiler` tells them apart: the DataLoader
+# marks every `__next__` as a profiler event (`enumerate(DataLoader)#...__next__`), and a
+# `record_function` around the step marks the model's work. The same model, fed by two loaders: one that
+# renders and augments every image in the training process, one that hands out images of the same
+# size already in memory. On a CPU the model runs on one thread here, like the loader: with two threads each op waits
+# at a barrier whenever another program holds a core, and the profile would measure that load rather than
+# the loader.
+
+# %%
+# the profiler's library (kineto) logs each start and stop at its level 5 ("USDT", kineto/ILoggerObserver.h);
+# it reads KINETO_LOG_LEVEL when the profiler first starts, and 6 silences that log
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+seed_everything(0)
+rendering = SyntheticImages(n=96, work=64, seed=4)
+ready_made = TensorDataset(torch.randn(96, 3, 32, 32), torch.randint(0, 10, (96,)))   # already in memory
+model = SmallConvNet().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loss_fn = nn.CrossEntropyLoss()
+activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+def profiled_epoch(loader):
+    with profile(activities=activities) as prof:
+        for images, labels in loader:
+            with record_function("train step"):
+                images, labels = images.to(device), labels.to(device)
+                optimizer.zero_grad()
+                loss_fn(model(images), labels).backward()
+                optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return prof
+
+profiled_epoch(DataLoader(ready_made, batch_size=32))   # warm-up: a device's first steps also initialise it
+data_share = {}
+for name, dataset in [("rendering loader", rendering), ("ready-made tensors", ready_made)]:
+    with torch_threads(1 if device.type == "cpu" else torch.get_num_threads()):   # see the text above
+        events = profiled_epoch(DataLoader(dataset, batch_size=32)).key_averages()
+    # every DataLoader __next__ runs in record_function("enumerate(DataLoader)#<its iterator class>.__next__")
+    waiting = sum(e.cpu_time_total for e in events if e.key.startswith("enumerate(DataLoader)")) / 1000
+    computing = sum(e.cpu_time_total for e in events if e.key == "train step") / 1000
+    data_share[name] = waiting / (waiting + computing)
+    print(f"{name:19} in the loader's __next__: {waiting:5.0f} ms, in the train steps: {computing:4.0f} ms "
+          f"-> {data_share[name]:.0%} of the time waiting for data")
+    if name == "rendering loader":
+        print(events.table(sort_by="cpu_time_total", row_limit=3, max_name_column_width=60))
+assert data_share["rendering loader"] > 0.5                                     # data-bound
+# then not: on a GPU this small model's step is mostly kernel launches, as quick as the loader's own Python
+assert data_share["ready-made tensors"] < (0.5 if device.type == "cpu" else data_share["rendering loader"])
+
+# %% [markdown]
+# On a GPU, the GPU itself answers the question: `torch.cuda.utilization()` (the same number as the
+# *GPU-Util* column of `nvidia-smi`; it needs the `nvidia-ml-py` package) is the percentage of time over
+# the driver's last sample period (1/6 s to 1 s) in which a kernel was running. Read it while the loop
+# runs; a data-bound run shows a low number. (Small models like this one can leave a GPU idle with any
+# loader: then the time goes into launching kernels, which the profiler shows too.)
+
+# %%
+def gpu_utilization_percent():
+    """What nvidia-smi reports as GPU-Util, for the current GPU."""
+    try:
+        return torch.cuda.utilization(device)                         # needs nvidia-ml-py
+    except ModuleNotFoundError:
+        query = ["nvidia-smi", f"--id={torch.cuda.current_device()}", "--query-gpu=utilization.gpu",
+                 "--format=csv,noheader,nounits"]
+        return int(subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip())
+
+if device.type == "cuda":
+    for name, dataset in [("rendering loader", rendering), ("ready-made tensors", ready_made)]:
+        loader, started = DataLoader(dataset, batch_size=32, shuffle=True), time.perf_counter()
+        while time.perf_counter() - started < 2.0:                    # train for 2 s, then ask the GPU
+            for images, labels in loader:
+                optimizer.zero_grad()
+                loss_fn(model(images.to(device)), labels.to(device)).backward()
+                optimizer.step()
+        busy = gpu_utilization_percent()
+        print(f"{name:19} GPU busy {busy:3d} % of the last sample period ({torch.cuda.get_device_name()})")
+        assert 0 <= busy <= 100
+else:
+    print("CPU only: there is no GPU to ask, so no torch.cuda.utilization() or nvidia-smi reading here. "
+          f"The CPU counterpart is the profiler above: the rendering loader kept the model waiting "
+          f"{data_share['rendering loader']:.0%} of the time, the ready-made tensors "
+          f"{data_share['ready-made tensors']:.0%}")
 
 # %% [markdown]
 # ## 2. `pin_memory` and `non_blocking`
@@ -662,8 +909,9 @@ print("identical outputs on all 6 configurations")
 # %% [markdown]
 # ## 6. The training step, written out
 #
-# Every step does the same six things in the same order: forget the previous gradients, forward, loss,
-# backward, clip, update. `nn.utils.clip_grad_norm_` rescales all gradients together so that their global
+# Every step does six things: forget the previous gradients, forward, loss, backward, clip, update. Here
+# they come in the usual order; "The rule behind the order" below shows which other orders are just as
+# right, and why. `nn.utils.clip_grad_norm_` rescales all gradients together so that their global
 # norm is at most `max_norm`, and **returns the norm they had before clipping**: log it, it is the first
 # thing to look at when a loss spikes. Two epochs on 256 synthetic images (the loader reshuffles, and
 # re-augments, every epoch):
@@ -739,6 +987,48 @@ loss = loss_fn(model(images), labels)    # no zero_grad: the gradients of the pr
 with expect_error(RuntimeError, match="modified by an inplace operation"):
     optimizer.step()             # WRONG PLACE: updates the weights in place...
     loss.backward()              # ...that this graph kept for its backward pass
+
+# %% [markdown]
+# ### The rule behind the order
+#
+# Each wrong order above breaks one of two rules, and any order that keeps both is right:
+#
+# 1. **The gradients are cleared before the next `backward()`**, because `backward()` adds into `.grad`.
+# 2. **`step()` comes after the `backward()` whose gradients it should use** (and, as the error above
+#    showed, not between a forward pass and its backward).
+#
+# So `zero_grad` need not come first: clearing at the end of each step, ready for the next one, keeps both
+# rules too; never clearing breaks rule 1. Three runs of five steps from the same start on the same
+# batches, with momentum (on the CPU, where these kernels are deterministic, so that the weights can be
+# compared bit for bit):
+
+# %%
+seed_everything(0)
+order_batches = [(torch.randn(16, 10), torch.randn(16, 1)) for _ in range(5)]
+order_start = mlp([10, 32, 1]).state_dict()
+
+def train_in_order(order):
+    """Five SGD steps from `order_start` in the given order; returns all the weights, flattened."""
+    model = mlp([10, 32, 1])
+    model.load_state_dict(order_start)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in order_batches:
+        if order == "zero_grad, forward, backward, step":
+            optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        if order == "forward, backward, step, zero_grad":
+            optimizer.zero_grad()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+orders = ["zero_grad, forward, backward, step", "forward, backward, step, zero_grad",
+          "forward, backward, step (never cleared)"]
+weights = {order: train_in_order(order) for order in orders}
+for order, w in weights.items():
+    print(f"{order:40} bit-identical to the first: {torch.equal(w, weights[orders[0]])!s:5}  "
+          f"largest difference {(w - weights[orders[0]]).abs().max():.2e}")
+assert torch.equal(weights[orders[0]], weights[orders[1]])          # both rules kept: the same weights, bit for bit
+assert not torch.allclose(weights[orders[0]], weights[orders[2]])   # rule 1 broken: other weights
 
 # %% [markdown]
 # **Clipping after `step()`** clips gradients that have already been used: the update is exactly the
@@ -925,6 +1215,10 @@ print(f"eval(), grad on: output requires_grad={out.requires_grad}; the graph kee
       f"{kept_with_grad / 2**20:.2f} MiB of activations alive, {kept_with_grad / 2**20 / images_mib:.1f}x the "
       f"{images_mib:.2f} MiB of input images")
 assert out.requires_grad and kept_with_grad > 2 * images.nbytes     # several activations per image are kept
+detached = out.detach()
+print(f"out.detach(): grad_fn={detached.grad_fn}, but only afterwards: the forward pass had already recorded "
+      f"the graph and saved those {kept_with_grad / 2**20:.2f} MiB")
+assert detached.grad_fn is None and out.grad_fn is not None
 with torch.inference_mode():
     out = model(images)
 print(f"eval() + inference_mode: output requires_grad={out.requires_grad}, grad_fn={out.grad_fn}: no graph, "
@@ -986,7 +1280,9 @@ assert history.val_losses[-1] < 0.85 * untrained
 # what you have solved.
 #
 # **Exercise 1 — the training loop (there are 2 bugs).** `train_loop` should train for `epochs` passes
-# over `loader` and return the loss of every step as a Python float.
+# over `loader` and return the loss of every step as a Python float. The check trains a regression MLP
+# with SGD, and a classifier with Adam from a shuffling `DataLoader`, and compares the weights with those
+# of a correct loop.
 
 # %%
 @exercise
@@ -1007,7 +1303,8 @@ check_train_loop(train_loop)
 # **Exercise 2 — a model PyTorch cannot fully see (there are 2 bugs).** `NormalisedMLP` standardises its
 # input with a fixed `mean` and `std` (computed from the training data), then applies an MLP. Every Linear
 # layer must be trained and saved; `mean` and `std` must be saved and moved with the model, but they are
-# **not parameters** (no optimizer should ever receive them).
+# **not parameters** (no optimizer should ever receive them). The check builds it with other layer sizes
+# too, and checks that each sample is normalised with the saved `mean` and `std`.
 
 # %%
 class NormalisedMLP(nn.Module):
@@ -1034,7 +1331,8 @@ check_build_normalised_mlp(build_normalised_mlp)
 
 # %% [markdown]
 # **Exercise 3 — gradient accumulation (there are 2 bugs).** `accumulate_step` should make **one**
-# optimizer step from equal-sized micro-batches, with the gradients one big batch would give.
+# optimizer step from equal-sized micro-batches, with the gradients one big batch would give, feeding the
+# model one micro-batch at a time. The check uses other numbers and sizes of micro-batches than section 7.
 
 # %%
 @exercise
@@ -1051,7 +1349,9 @@ check_accumulate_step(accumulate_step)
 # %% [markdown]
 # **Exercise 4 — predictions (there are 2 bugs).** `predict_batches` should return the model's outputs for
 # every batch, concatenated, as an evaluation does: the same outputs every time, BatchNorm's statistics
-# untouched, no graph recorded. The check's model has Dropout and BatchNorm and arrives in training mode.
+# untouched, no graph recorded while the model runs, and autograd left as it was found. The check runs it
+# on an MLP and on a small conv net, both with Dropout and BatchNorm, arriving in training mode, fed batches
+# of uneven sizes.
 
 # %%
 @exercise
@@ -1066,10 +1366,18 @@ check_predict_batches(predict_batches)
 
 # %% [markdown]
 # ## What to remember
-# - Time a loader (`benchmark_loader`) and measure idle cores (`psutil.cpu_percent(percpu=True)`) before
-#   expecting a speed-up from workers; the first batch comes later with workers, every epoch unless they
-#   persist; each worker is a process with its own memory: lists of Python objects get copied into every
-#   worker with `fork`, and the whole dataset with `spawn`/`forkserver`.
+# - Compare loaders by timing whole epochs **interleaved** (`compare_speed`), with persistent workers so
+#   start-up stays out, and measure idle cores (`psutil.cpu_percent(percpu=True)`) around it: a speed-up
+#   from workers needs idle cores, and when the spreads overlap the honest answer is "cannot tell". CPU
+#   time (`time.process_time()`, `psutil`) shows where the work ran, whatever the load.
+# - Without `persistent_workers=True` the workers are new processes every epoch, and each epoch's first
+#   batch waits for them; each worker is a process with its own memory: lists of Python objects get copied
+#   into every worker with `fork`, and the whole dataset with `spawn`/`forkserver`.
+# - Budget workers per machine, not per loader: `processes × (num_workers + 1) ≤ logical cores` (one
+#   process per GPU with DDP). PyTorch's warning checks one loader in one process only.
+# - Training slow? First ask whether the GPU is busy (`torch.cuda.utilization()`, `nvidia-smi`): the
+#   profiler's time in `enumerate(DataLoader)#...__next__` against the steps says data-bound or
+#   compute-bound.
 # - Datasets live in importable modules; scripts need `if __name__ == "__main__":` (`spawn`, and
 #   `forkserver`, the Linux default from Python 3.14).
 # - `pin_memory=True` in the DataLoader plus `.to(device, non_blocking=True)` only matter with a GPU:
@@ -1081,14 +1389,21 @@ check_predict_batches(predict_batches)
 # - Sub-modules go in `nn.ModuleList` / `nn.ModuleDict` / `nn.Sequential`, built in `__init__`, fixed
 #   tensors in `register_buffer`; check `named_parameters()` and `state_dict().keys()`, or
 #   `find_unregistered_modules`. No in-place edits of tensors autograd keeps.
-# - `zero_grad` → forward → loss → `backward` → `clip_grad_norm_` (log the norm it returns) → `step`;
-#   accumulate with each loss divided by the number of micro-batches and one step per big batch.
+# - The step's two rules: gradients cleared before the next `backward`, `step` after the `backward` it
+#   uses (and clipping between them: `clip_grad_norm_`, log the norm it returns). `zero_grad` first or
+#   last are equally right (bit-identical weights); accumulate with each loss divided by the number of
+#   micro-batches and one step per big batch.
+# - `.detach()` on the outputs does not stop autograd from recording the graph (and saving activations)
+#   during the forward pass; only `no_grad` / `inference_mode` around the forward do.
 # - Evaluate under `model.eval()` **and** `torch.inference_mode()`: each alone leaves a symptom.
 #
 # ## Troubleshooting by symptom
 # | You see | Likely cause | Section |
 # |---|---|---|
-# | GPU idle, training slow, one CPU core at 100 % | data loading in the main process: raise `num_workers` (if cores are idle) | 1 |
+# | training slow; `nvidia-smi` shows low GPU-Util; one CPU core at 100 % | data-bound: the profiler shows the time in `enumerate(DataLoader)#...__next__`; raise `num_workers` (if cores are idle) or make preprocessing cheaper | 1 ("is the GPU busy?") |
+# | more workers, no faster | no idle cores: other programs, or `processes × num_workers` beyond the cores | 1 (interleaved epochs; workers × processes) |
+# | `UserWarning: This DataLoader will create N worker processes in total. Our suggested max number of worker in current system is M` | `num_workers` above the cores this process may use; with several processes per machine the limit is lower still, and not warned about | 1 (workers × processes) |
+# | a speed-up measured once does not repeat | a single timing on a shared machine: time interleaved, and call it only when the spreads do not overlap | 1 |
 # | memory grows with every worker | each worker is a process; a dataset of Python objects is copied into each | 1 |
 # | `RuntimeError: DataLoader worker (pid(s) ...) exited unexpectedly` | the worker died; its own error is in a red block above it (Linux/macOS) or in the terminal running Jupyter. `Can't get attribute ...` there: a dataset defined in a notebook/`__main__` with `spawn`/`forkserver` workers | 1 |
 # | the first batch of every epoch is slow | workers restart each epoch: `persistent_workers=True` | 1 |
@@ -1099,10 +1414,11 @@ check_predict_batches(predict_batches)
 # | in `eval()`, the same input gives different outputs | a layer built inside `forward` (fresh random weights each call) | 4 |
 # | `RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation` | an in-place edit (`x.mul_()`, `relu_()`, `+=`) of a tensor autograd kept; or `optimizer.step()` between the forward pass and `backward()` while old gradients remain | 5, 6 |
 # | the loss does not move at all | `zero_grad()` between `backward()` and `step()`, or `step()` before `backward()` right after `zero_grad()` | 6 |
+# | the same loop ends with other weights than the textbook step; every update carries earlier batches' gradients | `zero_grad()` missing: each `backward()` adds to the last | 6 ("The rule behind the order") |
 # | gradient clipping has no effect | `clip_grad_norm_` called after `step()` | 6 |
 # | training with accumulation diverges at the old learning rate | loss not divided by the number of micro-batches | 7 |
 # | predictions change between two runs on the same input | evaluation without `model.eval()` (Dropout active) | 8 |
-# | memory grows during evaluation | evaluation without `no_grad` / `inference_mode` | 8 |
+# | memory grows during evaluation | evaluation without `no_grad` / `inference_mode` (a `.detach()` afterwards does not stop the recording) | 8 |
 
 # %%
 print(progress(chapter=2))
