@@ -3,8 +3,7 @@
 Two variants timed one after the other on a shared machine measure the machine as much as the
 variants: a browser tab that wakes up during the second one makes it "slower". So every variant is
 timed in the same measurement, in round-robin blocks (A B C, C A B, B C A, ... — the order rotates so
-that no variant always runs first), after the same warm-up, each block with `torch.utils.benchmark`
-(which synchronises CUDA and sets the thread count). A variant is called faster only when its whole
+that no variant always runs first), after the same warm-up, CUDA synchronised around each block. A variant is called faster only when its whole
 spread (first to third quartile of the blocks) lies below the other's; otherwise the verdict says the
 measurement cannot tell them apart, which on a busy laptop is the honest answer.
 """
@@ -17,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch.utils import benchmark as torch_benchmark
 
 from course_utils._display import ReadableResult
 from course_utils.environment import hardware_summary
@@ -124,9 +122,8 @@ def compare_speed(variants: dict[str, Callable[[], Any]], *, blocks: int = 7, bl
 
     Every variant first gets `warmup_calls` untimed calls (the first of them timed alone as
     `first_call_s`); the number of calls per block is then chosen so that one block takes about
-    `block_s` seconds; each round times one block of every variant, rotating the order. Each block
-    is `torch.utils.benchmark.Timer.timeit` with this process's thread count (the Timer's default,
-    one thread, would understate CPU speed) and CUDA synchronised around it.
+    `block_s` seconds; each round times one block of every variant, rotating the order, in this
+    process's thread count.
     """
     if not isinstance(variants, dict) or not variants:
         raise TypeError("variants must be a non-empty dict of name -> zero-argument callable, "
@@ -137,28 +134,36 @@ def compare_speed(variants: dict[str, Callable[[], Any]], *, blocks: int = 7, bl
     if blocks < 1 or block_s <= 0 or warmup_calls < 1:
         raise ValueError(f"blocks and warmup_calls must be at least 1 and block_s positive, got "
                          f"blocks={blocks}, block_s={block_s}, warmup_calls={warmup_calls}")
-    threads = torch.get_num_threads()
     first_call, calls = {}, {}
-    timers = {name: torch_benchmark.Timer("fn()", globals={"fn": fn}, num_threads=threads, label=name)
-              for name, fn in variants.items()}
     for name, fn in variants.items():
-        _synchronize()
-        start = time.perf_counter()
-        fn()
-        _synchronize()
-        first_call[name] = time.perf_counter() - start
+        first_call[name] = _seconds_per_call(fn, 1)
         for _ in range(warmup_calls - 1):
             fn()
-        one = timers[name].timeit(1).mean          # one warm call sizes the block
-        calls[name] = max(1, round(block_s / max(one, 1e-9)))
+        calls[name] = max(1, round(block_s / max(_seconds_per_call(fn, 1), 1e-9)))   # one warm call sizes a block
     names = list(variants)
     per_call: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(blocks):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            per_call[name].append(timers[name].timeit(calls[name]).mean)
+            per_call[name].append(_seconds_per_call(variants[name], calls[name]))
     timings = {name: VariantTiming(name, per_call[name], first_call[name]) for name in names}
-    return SpeedComparison(timings, hardware_summary(), threads, calls)
+    return SpeedComparison(timings, hardware_summary(), torch.get_num_threads(), calls)
+
+
+def _seconds_per_call(fn: Callable[[], Any], calls: int) -> float:
+    """Mean seconds per call over `calls` back-to-back calls, CUDA synchronised at both ends.
+
+    Written by hand rather than with `torch.utils.benchmark.Timer.timeit`: that runs max(calls // 100, 2)
+    untimed warm-up calls before every block, which triples the cost of a block of one call (a whole
+    DataLoader epoch); here the warm-up is done once per variant, before the rounds. The Timer's other
+    service, setting the thread count, is not needed: every block runs in this process's own threads.
+    """
+    _synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _synchronize()
+    return (time.perf_counter() - start) / calls
 
 
 def _synchronize() -> None:

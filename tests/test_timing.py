@@ -40,9 +40,14 @@ def test_blocks_are_interleaved_in_rotating_order():
     order = []
     variants = {name: (lambda name=name: order.append(name)) for name in "abc"}
     compare_speed(variants, blocks=3, block_s=1e-9, warmup_calls=1)
-    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]   # one entry per block
-    assert runs == ["a", "b", "c",                                   # warm-up, one variant after the other
-                    "a", "b", "c", "b", "c", "a", "c", "a", "b"]     # then the rounds, the order rotating
+    assert order[:6] == ["a", "a", "b", "b", "c", "c"]           # warm-up: the first call, one that sizes a block
+    assert order[6:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # then one call per block, the order rotating
+
+
+def test_a_block_makes_exactly_its_calls():
+    calls = []
+    result = compare_speed({"epoch": lambda: calls.append(1)}, blocks=5, block_s=1e-9, warmup_calls=2)
+    assert len(calls) == 3 + 5 and result.calls_per_block == {"epoch": 1}   # 3 warm-up calls, then 1 per block
 
 
 def test_bad_input_is_named():
