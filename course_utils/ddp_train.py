@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-size", type=int, default=21)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--num-workers", type=int, default=1,
+                        help="DataLoader workers per rank (x ranks per machine: keep it within the cores)")
     pitfalls = parser.add_argument_group("pitfalls (each off by default)")
     pitfalls.add_argument("--no-set-epoch", action="store_true", help="forget sampler.set_epoch(epoch)")
     pitfalls.add_argument("--same-seed", action="store_true", help="seed every rank identically")
@@ -112,7 +114,9 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int, back
     augment = torch.Generator(device="cpu").manual_seed(aug_seed)
     train_set = make_data(args.train_size, seed=1)
     sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)   # pads so every rank gets as many
-    loader = DataLoader(train_set, batch_size=args.per_device_batch, sampler=sampler)
+    loader = DataLoader(train_set, batch_size=args.per_device_batch, sampler=sampler, num_workers=args.num_workers,
+                        persistent_workers=args.num_workers > 0,  # the same workers every epoch
+                        pin_memory=device.type == "cuda")          # page-locked batches: faster copies to the GPU
     log: dict = {
         "rank": rank, "local_rank": local_rank, "world_size": world, "backend": backend, "device": str(device),
         "pid": os.getpid(),

@@ -1,9 +1,9 @@
-"""Chapter 5: small helpers for multi-process training, launching `torchrun` from a notebook, and the
-chapter's exercise checks."""
+"""Chapter 5: small helpers for multi-process training and launching `torchrun` from a notebook.
+(The chapter's exercise checks are in `course_utils.exercises.ddp_torchrun`.)"""
 from __future__ import annotations
 
 import contextlib
-import copy
+import ctypes
 import difflib
 import functools
 import importlib.util
@@ -18,21 +18,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data.distributed import DistributedSampler
 
 from course_utils._display import ReadableResult
-from course_utils.exercises import Verdict, reference_solution, report_check
 
 LOG_DIR_ENV = "COURSE_LOG_DIR"   # where launch_torchrun tells its workers to write their logs
 
@@ -177,7 +172,8 @@ def _shorten_paths(text: str) -> str:
 
 def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: float = 120.0,
                     log_dir: str | Path | None = None, check: bool = True, echo: bool = True,
-                    torchrun_args: Sequence[str] = ("--standalone",)) -> TorchrunResult:
+                    torchrun_args: Sequence[str] = ("--standalone",),
+                    env: dict[str, str] | None = None) -> TorchrunResult:
     """Run `torchrun --standalone --nproc-per-node=nproc` on a module (`-m`) or a `.py` script.
 
     `--standalone` lets torchrun pick a free port itself; `torchrun_args` replaces it (one node of a
@@ -185,11 +181,14 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
     streamed line by line (into the notebook cell when `echo`). On timeout the whole process group —
     torchrun and every worker — gets SIGTERM, then SIGKILL, and `TimeoutError` is raised: nothing is
     left behind.
+    `env` adds environment variables for torchrun and its workers.
     `log_dir` is created and handed to every worker as the environment variable `COURSE_LOG_DIR`
     (the course's script uses it as its default `--log-dir`), so it is named once. Per-rank logs
     (`rank*.json` in `log_dir`) are parsed into `result.logs`, ordered by rank. With `check`, a
     non-zero exit raises `TorchrunFailed` quoting the first worker traceback. A script or module
     that does not exist fails here, before any process starts.
+    On Linux torchrun also dies with the process that launched it (a Jupyter kernel restarted or
+    killed mid-run): the kernel sends it SIGTERM, and torchrun stops its workers (`_dies_with_this_process`).
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a whole number >= 1, got {nproc!r}")
@@ -204,13 +203,15 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
         target = ["-m", module_or_script]
     command = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, f"--nproc-per-node={nproc}",
                *target, *map(str, args)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           **(env or {})}
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         env[LOG_DIR_ENV] = str(Path(log_dir).resolve())
     start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=env, start_new_session=True)  # its own process group, for clean kills
+                               env=env, start_new_session=True,   # its own process group, for clean kills
+                               preexec_fn=_dies_with_this_process())  # and no orphans if this process dies
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:  # a thread, so that waiting for output can time out
@@ -249,6 +250,35 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
         raise TorchrunFailed(f"torchrun exited with code {process.returncode}. First worker traceback:\n"
                              + _worker_traceback(text))
     return result
+
+
+_PR_SET_PDEATHSIG = 1        # from <linux/prctl.h>: "send me this signal when my parent dies"
+
+
+def _dies_with_this_process() -> Callable[[], None] | None:
+    """A `preexec_fn` (Linux) that makes the child receive SIGTERM when this process dies, however it
+    dies (SIGKILL included: a Jupyter kernel restart). torchrun, on SIGTERM, terminates its workers,
+    which it starts in sessions of their own, out of reach of a process-group kill
+    (`start_new_session=True` in torch/distributed/elastic/multiprocessing/subprocess_handler/
+    subprocess_handler.py). Elsewhere None:
+    macOS and Windows have no such call, and only the timeout's group kill applies.
+
+    `prctl(PR_SET_PDEATHSIG)` fires when the *thread* that started the child ends; launch_torchrun
+    waits for the child in that same thread, so the thread outlives it. The call is resolved here, in
+    the parent, so the forked child runs no import and no lookup before it execs."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent, sigterm = os.getpid(), int(signal.SIGTERM)
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigterm)
+        if os.getppid() != parent:         # the parent died before the call: no signal will come
+            os.kill(os.getpid(), sigterm)
+    return set_death_signal
 
 
 def _group_alive(pgid: int) -> bool:
@@ -333,191 +363,3 @@ def count_allreduces(ddp_model: DistributedDataParallel) -> list[int]:
         return allreduce_hook(state, bucket)
     ddp_model.register_comm_hook(None, counting_allreduce)
     return calls
-
-
-# --- exercises ------------------------------------------------------------------------------
-
-def _raised(error: BaseException) -> str:
-    return f"your function raised {type(error).__name__}: {error}"
-
-
-@reference_solution("epoch_shards", chapter=5)
-def _epoch_shards(n_samples: int, rank: int, world_size: int, epochs: int) -> list[list[int]]:
-    sampler = DistributedSampler(list(range(n_samples)), num_replicas=world_size, rank=rank, shuffle=True, seed=0)
-    orders = []
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        orders.append(list(sampler))
-    return orders
-
-
-def check_epoch_shards(fn: Callable) -> Verdict:
-    """Exercise: `fn(n_samples, rank, world_size, epochs)` returns the sample indices rank `rank`
-    visits in each epoch (a list per epoch). Checked on 12 samples, 2 ranks, 3 epochs."""
-    n, world, epochs = 12, 2, 3
-    observed = None
-    try:
-        got = [fn(n, rank, world, epochs) for rank in range(world)]
-    except Exception as error:  # the learner's bug, reported rather than raised
-        got, observed = None, _raised(error)
-    if got is not None and all(orders is None for orders in got):
-        return report_check("epoch_shards", False, None, [])
-    hints = ["a DistributedSampler is told which rank it serves; look at what each call tells it",
-             "the sampler shuffles with a seed of seed + epoch: how does it learn the epoch?"]
-    if observed is None:
-        try:
-            got = [[[int(i) for i in order] for order in orders] for orders in got]
-        except TypeError:
-            return report_check("epoch_shards", False, "it should return a list of index lists, one per epoch", hints)
-        expected = [_epoch_shards(n, rank, world, epochs) for rank in range(world)]
-        shared = sorted(set(got[0][0]) & set(got[1][0])) if len(got[0]) and len(got[1]) else []
-        if any(len(orders) != epochs for orders in got):
-            observed = f"it returned {[len(o) for o in got]} epochs for ranks 0 and 1; {epochs} were asked for"
-        elif shared:
-            observed = (f"in epoch 0, ranks 0 and 1 both visited samples {shared}: the two ranks train on the "
-                        "same data instead of splitting it")
-        elif got[0][0] == got[0][1]:
-            observed = (f"rank 0 visited the samples in the same order in every epoch ({got[0][0][:6]}...): "
-                        "the shuffle never changes")
-        elif got != expected:
-            observed = "the shards differ from those of DistributedSampler(seed=0) reshuffled each epoch"
-    return report_check("epoch_shards", observed is None, observed, hints)
-
-
-@reference_solution("save_checkpoint_once", chapter=5)
-def _save_checkpoint_once(model: nn.Module, path: Path, rank: int, barrier: Callable[[], None]) -> None:
-    if rank == 0:
-        torch.save(model.state_dict(), path)
-    barrier()
-
-
-def check_save_checkpoint_once(fn: Callable) -> Verdict:
-    """Exercise: `fn(model, path, rank, barrier)` is called once per rank (rank 1 first, then rank 0)
-    and must leave exactly one writer, with every rank waiting at `barrier()` until the file exists."""
-    model = nn.Linear(3, 2)
-    observed = None
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.pt"
-        barrier_saw_file: dict[int, bool] = {}
-        try:
-            for rank in (1, 0):
-                result = fn(model, path, rank, lambda rank=rank: barrier_saw_file.setdefault(rank, path.exists()))
-                if rank == 1:
-                    written_by_rank_1 = path.exists()
-        except Exception as error:  # the learner's bug, reported rather than raised
-            observed = _raised(error)
-        else:
-            if result is None and not barrier_saw_file and not path.exists():
-                return report_check("save_checkpoint_once", False, None, [])
-            if written_by_rank_1:
-                observed = ("rank 1 wrote the checkpoint too: with N ranks the same file is written N times, "
-                            "all to the same path")
-            elif not path.exists():
-                observed = "rank 0 did not write the checkpoint"
-            elif set(barrier_saw_file) != {0, 1}:
-                missing = sorted({0, 1} - set(barrier_saw_file))
-                observed = (f"rank {missing[0]} never called barrier(): the other rank would wait there until "
-                            "the timeout")
-            elif not barrier_saw_file[0]:
-                observed = ("rank 0 reached the barrier before the file existed: the ranks the barrier releases "
-                            "may read a checkpoint that is not written yet")
-            else:
-                saved = torch.load(path, weights_only=True)
-                if not all(torch.equal(saved[k], v) for k, v in model.state_dict().items()):
-                    observed = "the file does not hold the model's weights"
-    return report_check("save_checkpoint_once", observed is None, observed,
-                        ["every rank holds the same weights: how many of them need to write them?",
-                         "the barrier is where the other ranks wait for the file: what must have happened "
-                         "before anyone is let through?"])
-
-
-@reference_solution("accumulate_no_sync", chapter=5)
-def _accumulate_no_sync(ddp_model: nn.Module, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                        loss_fn: Callable, optimizer: torch.optim.Optimizer) -> None:
-    optimizer.zero_grad()
-    for i, (inputs, targets) in enumerate(micro_batches):
-        last = i == len(micro_batches) - 1
-        with contextlib.nullcontext() if last else ddp_model.no_sync():
-            loss = loss_fn(ddp_model(inputs), targets) / len(micro_batches)
-            loss.backward()
-    optimizer.step()
-
-
-def check_accumulate_no_sync(fn: Callable) -> Verdict:
-    """Exercise: `fn(ddp_model, micro_batches, loss_fn, optimizer)` makes one optimizer step from 4
-    micro-batches of 8 samples, with the gradient of the whole batch and exactly one all-reduce
-    (checked on a one-process gloo group, counting DDP's all-reduce calls)."""
-    generator = torch.Generator().manual_seed(5)
-    x, y = torch.randn(32, 4, generator=generator), torch.randn(32, 1, generator=generator)
-    with torch.random.fork_rng():
-        torch.manual_seed(5)
-        model = nn.Linear(4, 1)
-    expected = copy.deepcopy(model)
-    torch.optim.SGD(expected.parameters(), lr=0.1).zero_grad()
-    nn.functional.mse_loss(expected(x), y).backward()
-    with torch.no_grad():
-        for p in expected.parameters():
-            p -= 0.1 * p.grad
-    observed = None
-    with single_process_group():
-        ddp_model = DistributedDataParallel(model)
-        allreduces = count_allreduces(ddp_model)
-        try:
-            result = fn(ddp_model, list(zip(x.split(8), y.split(8))), nn.MSELoss(),
-                        torch.optim.SGD(ddp_model.parameters(), lr=0.1))
-        except Exception as error:  # the learner's bug, reported rather than raised
-            observed = _raised(error)
-    if observed is None:
-        difference = max((a - b).abs().max().item() for a, b in zip(model.parameters(), expected.parameters()))
-        untouched = result is None and allreduces[0] == 0 and all(p.grad is None for p in model.parameters())
-        if untouched:
-            return report_check("accumulate_no_sync", False, None, [])
-        if allreduces[0] != 1:
-            observed = (f"DDP all-reduced the gradients {allreduces[0]} times in one optimizer step; "
-                        + ("with 0 the ranks step with their own gradients and drift apart" if allreduces[0] == 0
-                           else "once, after the last micro-batch, is enough"))
-        elif not difference <= 1e-6:
-            observed = (f"one all-reduce, but the weights differ from one step on the whole batch of 32 by up to "
-                        f"{difference:.3g}")
-    return report_check("accumulate_no_sync", observed is None, observed,
-                        ["no_sync() turns off the all-reduce for the backward passes run inside it: which "
-                         "backward must still synchronise?",
-                         "compare the summed gradient of 4 micro-batch losses with the gradient of one "
-                         "mean loss over all 32 samples"])
-
-
-@reference_solution("eval_shard", chapter=5)
-def _eval_shard(n_samples: int, rank: int, world_size: int) -> list[int]:
-    return list(range(rank, n_samples, world_size))
-
-
-def check_eval_shard(fn: Callable) -> Verdict:
-    """Exercise: `fn(n_samples, rank, world_size)` returns rank `rank`'s evaluation indices; over all
-    ranks every sample must be evaluated exactly once (21 on 2, 5 on 3, and 2 on 3 ranks)."""
-    observed = None
-    for n, world in ((21, 2), (5, 3), (2, 3)):
-        try:
-            shards = [fn(n, rank, world) for rank in range(world)]
-        except Exception as error:  # the learner's bug, reported rather than raised
-            observed = _raised(error)
-            break
-        if all(shard is None for shard in shards):
-            return report_check("eval_shard", False, None, [])
-        try:
-            counts = Counter(int(i) for shard in shards for i in shard)
-        except TypeError:
-            observed = "each rank's shard should be a list of sample indices"
-            break
-        twice = sorted(i for i, c in counts.items() if c > 1)
-        missing = sorted(set(range(n)) - set(counts))
-        outside = sorted(set(counts) - set(range(n)))
-        if twice or missing or outside:
-            observed = (f"with {n} samples on {world} ranks: " + "; ".join(part for part in (
-                f"samples {twice} are evaluated more than once" if twice else "",
-                f"samples {missing} are never evaluated" if missing else "",
-                f"indices {outside} do not exist" if outside else "") if part))
-            break
-    return report_check("eval_shard", observed is None, observed,
-                        ["DistributedSampler pads the shards to equal length by repeating samples; an "
-                         "evaluation shard must not",
-                         "shards may differ in length, and one may be empty"])

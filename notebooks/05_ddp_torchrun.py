@@ -15,24 +15,27 @@
 # %% [markdown]
 # # Chapter 5 — From one device to DistributedDataParallel with `torchrun`
 #
-# **You will be able to:** turn chapter 2's training loop into a DDP script (about 60 lines, a third of them
+# **You will be able to:** turn chapter 2's training loop into a DDP script (about 80 lines, a third of them
 # logging for this chapter's cells) and launch it with `torchrun` from a cell; see on the data itself what a
 # forgotten `set_epoch`, every rank saving and the same seed on every rank do; evaluate each validation sample
 # exactly once; make a hang fail in seconds and name the rank that never arrived; train on uneven inputs with
-# `Join`; count the all-reduces `no_sync()` saves; and form a two-node job on one machine, including what a
-# missing node looks like. **You write the PyTorch; `course_utils` holds the hardened versions** (a
-# launcher that streams output, times out and kills every worker; the chapter's checks).
+# `Join`; count the all-reduces `no_sync()` saves; form a two-node job on one machine, including what a
+# missing node looks like; and have `torchrun` restart a job whose worker died, resuming from its checkpoint.
+# **You write the PyTorch; `course_utils` holds the hardened versions** (a launcher that streams output,
+# times out and kills every worker, and takes them down with the kernel; the chapter's checks).
 #
 # **Hardware and time.** On a CPU laptop (and in CI) each job runs **2 processes with the `gloo` backend**;
 # on a machine with several GPUs the training script of sections 2–6 runs one process per GPU with `nccl`.
 # Each `torchrun` launch starts fresh Python processes that import torch (about 1.5 s each on a 2-core
 # CPU), and the launches make up nearly all of the *Run All* time.
 #
-# **Run All:** 38 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 44 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import json
+import mmap
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -49,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 from course_utils import (check_accumulate_no_sync, check_epoch_shards, check_eval_shard,
-                          check_save_checkpoint_once, exercise, free_ports, get_device,
+                          check_save_checkpoint_once, exercise, explain, free_ports, get_device,
                           hardware_summary, launch_torchrun, mlp, progress, script_variant, seed_everything)
 
 # %load_ext course_utils
@@ -86,6 +89,49 @@ else:
           "step on one GPU against DataParallel. Below, the DDP job runs for real as processes on the CPU.")
 
 # %% [markdown]
+# ### DataParallel forgets what `forward` writes on the module
+#
+# Each step `DataParallel` makes **new replicas** of the module (`torch.nn.parallel.replicate`: a new module
+# object per GPU whose attributes are a shallow copy of the original's `__dict__`) and calls `forward` on
+# them. So `self.calls += 1` in `forward` — a step counter, a running statistic kept in a Python attribute,
+# a cached tensor — rebinds the attribute **on a replica**, which is thrown away after the step: the original
+# never changes (`Module._replicate_for_data_parallel` in torch/nn/modules/module.py: `replica.__dict__ =
+# self.__dict__.copy()`). Only in-place updates of parameters and buffers on the first GPU survive, because
+# replica 0 shares their storage with your module — BatchNorm's running statistics, say; the `DataParallel`
+# documentation states both. DDP has no replicas: each process's model is the one that runs.
+
+# %%
+class CountsCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.calls = nn.Linear(32, 10), 0
+
+    def forward(self, x):
+        self.calls += 1                          # state written in forward: a plain Python attribute
+        return self.linear(x)
+
+
+counting = CountsCalls().to(device)
+if gpus >= 2:
+    wrapped_counting = nn.DataParallel(counting)
+    for _ in range(3):
+        wrapped_counting(torch.randn(64, 32, device=device))
+    print(f"DataParallel on {gpus} GPUs: forward ran 3 times; counting.calls = {counting.calls}")
+    assert counting.calls == 0                   # every increment happened on a replica, then was discarded
+else:
+    for _ in range(3):
+        nn.DataParallel(counting)(torch.randn(64, 32, device=device))
+    print(f"{gpus} GPU(s): DataParallel has no second device, so it calls the module itself and nothing is lost "
+          f"(counting.calls = {counting.calls}); the bug needs 2+ GPUs and cannot show here.")
+    assert counting.calls == 3
+    try:                                         # and the replication step itself is GPU-only:
+        torch.nn.parallel.replicate(counting, [torch.device("cpu")] * 2)
+        raise AssertionError("replicate accepted CPU devices")
+    except ValueError as error:
+        print(f"replicate(model, [cpu, cpu]) -> ValueError: {error}")
+        assert "non cpu device" in str(error)
+
+# %% [markdown]
 # ## 2. The training script: chapter 2's loop, distributed
 #
 # This is chapter 2's training step (`zero_grad`, forward, loss, `backward`, `step`) on a small regression.
@@ -119,6 +165,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+PER_RANK_BATCH, ACCUMULATION = 8, 1        # samples per rank per backward; backwards per optimizer step
+
 
 def bytes_written():  # bytes this process has written so far: Linux reports it, other systems -> None
     try:
@@ -127,54 +175,84 @@ def bytes_written():  # bytes this process has written so far: Linux reports it,
         return None
 
 
-log_dir = os.environ.get("COURSE_LOG_DIR", ".")                # where model.pt and the logs go (default: here)
-rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])             # DDP: set by torchrun
-use_cuda = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])            # DDP: a GPU for each rank?
-device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-if use_cuda:
-    torch.cuda.set_device(device)
-dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=2))      # DDP
+def main():
+    log_dir = os.environ.get("COURSE_LOG_DIR", ".")            # where model.pt and the logs go (default: here)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])         # DDP: set by torchrun
+    use_cuda = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])        # DDP: a GPU for each rank?
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=2))  # DDP
+    world = dist.get_world_size()
+    global_batch = PER_RANK_BATCH * world * ACCUMULATION                               # DDP: log this one
+    if rank == 0:
+        print(f"global batch {global_batch} = {PER_RANK_BATCH} per rank x {world} ranks x {ACCUMULATION} "
+              "accumulation step(s)", flush=True)
 
-torch.manual_seed(0)                       # the same dataset on every rank: the sampler splits indices into it
-x = torch.randn(48 + 21, 4)                # 48 training samples, then 21 for validation
-y = x @ torch.tensor([1.0, -2.0, 0.5, 0.0]) + 0.3
-dataset = TensorDataset(torch.arange(48), x[:48], y[:48])
-sampler = DistributedSampler(dataset, shuffle=True, seed=0)                            # DDP: this rank's share
-loader = DataLoader(dataset, batch_size=8, sampler=sampler)                            # DDP: sampler, no shuffle
-model = DDP(nn.Sequential(nn.Linear(4, 256), nn.ReLU(), nn.Linear(256, 1)).to(device))  # DDP: wrap
-optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
-augment = torch.Generator().manual_seed(1000 + rank)                                   # DDP: a seed per rank
-log = {"rank": rank, "backend": dist.get_backend(), "device": str(device), "seen": [], "noise": [], "losses": []}
-for epoch in range(2):
-    sampler.set_epoch(epoch)                                                           # DDP: reshuffle
-    log["seen"].append([])
-    for index, inputs, targets in loader:
-        noise = 0.1 * torch.randn(inputs.shape, generator=augment)                     # "augmentation"
-        log["seen"][-1] += index.tolist()
-        log["noise"] += noise[:, 0].tolist()
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model((inputs + noise).to(device)).squeeze(1), targets.to(device))
-        loss.backward()                                             # DDP: gradients averaged over ranks here
-        optimizer.step()
-        log["losses"].append(loss.item())
-world = dist.get_world_size()
-with torch.no_grad():                      # DDP: each validation sample once: every world-th one, from 48 + rank
-    errors = (model.module(x[48 + rank::world].to(device)).squeeze(1) - y[48 + rank::world].to(device)) ** 2
-totals = torch.stack([errors.sum(), torch.tensor(float(len(errors)), device=device)])
-dist.all_reduce(totals)                                        # DDP: sum of squared errors and count, all ranks
-log["val_mse"], log["val_count"] = (totals[0] / totals[1]).item(), int(totals[1].item())
-before = bytes_written()
-if rank == 0:                                                                          # DDP: one writer
-    torch.save(model.module.state_dict(), f"{log_dir}/model.pt")
-log["save_bytes"] = None if before is None else bytes_written() - before
-dist.barrier()                                                                         # DDP: wait for the file
-log["weights"] = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-with open(f"{log_dir}/rank{rank}.json", "w") as file:
-    json.dump(log, file)
-dist.destroy_process_group()                                                           # DDP
-if os.environ.get("COURSE_CUDA_EVIDENCE"):     # only in the course's GPU test run: proof this worker used CUDA
-    from course_utils.cuda_evidence import record
-    record()
+    torch.manual_seed(0)                   # the same dataset on every rank: the sampler splits indices into it
+    x = torch.randn(48 + 21, 4)            # 48 training samples, then 21 for validation
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 0.0]) + 0.3
+    dataset = TensorDataset(torch.arange(48), x[:48], y[:48])
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)                        # DDP: this rank's share
+    loader = DataLoader(dataset, batch_size=PER_RANK_BATCH, sampler=sampler,           # DDP: sampler, no shuffle
+                        num_workers=1, persistent_workers=True,   # workers x ranks per machine <= its cores
+                        pin_memory=use_cuda)                      # page-locked batches: faster copies to the GPU
+    model = DDP(nn.Sequential(nn.Linear(4, 256), nn.ReLU(), nn.Linear(256, 1)).to(device))   # DDP: wrap
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+    augment = torch.Generator().manual_seed(1000 + rank)                               # DDP: a seed per rank
+    log = {"rank": rank, "backend": dist.get_backend(), "device": str(device), "global_batch": global_batch,
+           "seen": [], "noise": [], "losses": []}
+    for epoch in range(2):
+        sampler.set_epoch(epoch)                                                       # DDP: reshuffle
+        log["seen"].append([])
+        for index, inputs, targets in loader:
+            noise = 0.1 * torch.randn(inputs.shape, generator=augment)                 # "augmentation"
+            log["seen"][-1] += index.tolist()
+            log["noise"] += noise[:, 0].tolist()
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model((inputs + noise).to(device)).squeeze(1), targets.to(device))
+            loss.backward()                                         # DDP: gradients averaged over ranks here
+            optimizer.step()
+            log["losses"].append(loss.item())
+    with torch.no_grad():                  # DDP: each validation sample once: every world-th one, from 48 + rank
+        errors = (model.module(x[48 + rank::world].to(device)).squeeze(1) - y[48 + rank::world].to(device)) ** 2
+    totals = torch.stack([errors.sum(), torch.tensor(float(len(errors)), device=device)])
+    dist.all_reduce(totals)                                    # DDP: sum of squared errors and count, all ranks
+    log["val_mse"], log["val_count"] = (totals[0] / totals[1]).item(), int(totals[1].item())
+    before = bytes_written()
+    if rank == 0:                                                                      # DDP: one writer
+        torch.save(model.module.state_dict(), f"{log_dir}/model.pt")
+    log["save_bytes"] = None if before is None else bytes_written() - before
+    dist.barrier()                                                                     # DDP: wait for the file
+    log["weights"] = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    with open(f"{log_dir}/rank{rank}.json", "w") as file:
+        json.dump(log, file)
+    dist.destroy_process_group()                                                       # DDP
+    if os.environ.get("COURSE_CUDA_EVIDENCE"):  # only in the course's GPU test run: proof this worker used CUDA
+        from course_utils.cuda_evidence import record
+        record()
+
+
+if __name__ == "__main__":    # not when a DataLoader worker started by spawn/forkserver re-imports this file
+    main()
+
+# %% [markdown]
+# **Why `if __name__ == "__main__":`.** A DataLoader worker started with the `spawn` start method (the
+# default on macOS and Windows) or `forkserver` (Python 3.14's default on Linux) does not inherit this
+# process: it starts a new Python that first **re-runs this file**, under the name `__mp_main__`, to find
+# what it needs. Without the guard, each worker would start training itself: `init_process_group` again with
+# its parent's `RANK`, a new rendezvous, then more workers — a hang or a cryptic error. (`fork`, Linux's
+# default up to Python 3.13, copies the process instead, so the missing guard goes unnoticed until the
+# script runs elsewhere.) Running the file the way such a worker does shows that with the guard it only
+# defines things:
+
+# %%
+before_import = dist.is_initialized()
+as_worker_sees_it = runpy.run_path(str(runs / "train_ddp.py"), run_name="__mp_main__")   # what spawn does first
+print(f"run as __mp_main__: defines main: {'main' in as_worker_sees_it}; a process group created: "
+      f"{dist.is_initialized()}; files written: {sorted(p.name for p in runs.iterdir())}")
+assert callable(as_worker_sees_it["main"]) and not dist.is_initialized() and not before_import
+assert sorted(p.name for p in runs.iterdir()) == ["train_ddp.py"]          # nothing ran: no logs, no model.pt
 
 # %% [markdown]
 # ### Launching it
@@ -199,10 +277,14 @@ for log in good_logs:
 # %% [markdown]
 # That is enough while nothing goes wrong. When a worker hangs, `timeout=` kills `torchrun` but not its
 # workers, which live on holding their port (and GPU); the output arrives only at the end; a failure leaves
-# you digging the failing rank's traceback out of `stderr`. `launch_torchrun` is this cell, hardened: it
-# streams the output into the cell, kills the whole process group on timeout, raises `TorchrunFailed`
-# quoting the failing rank's traceback (without torch's internal frames), passes `$COURSE_LOG_DIR` to the
-# workers and reads their `rank*.json` back. The rest of the chapter launches with it.
+# you digging the failing rank's traceback out of `stderr`; and restarting the Jupyter kernel mid-run kills the
+# kernel, not `torchrun` (each worker even runs in a session of its own). `launch_torchrun` is this cell,
+# hardened: it streams the output into the cell; on timeout it sends `torchrun`'s process group SIGTERM (torchrun
+# then stops its workers), then SIGKILL; on Linux it starts `torchrun` with `prctl(PR_SET_PDEATHSIG, SIGTERM)`,
+# so the kernel's death, however abrupt, stops the job too (a test SIGKILLs a launching process and checks
+# that no worker survives); it raises `TorchrunFailed` quoting the failing rank's traceback (without torch's
+# internal frames), passes `$COURSE_LOG_DIR` to the workers and reads their `rank*.json` back. The rest of the
+# chapter launches with it.
 
 # %%
 weights = [torch.tensor(log["weights"]) for log in good_logs]
@@ -213,17 +295,25 @@ saved = torch.load(runs / "good" / "model.pt", weights_only=True)
 assert torch.equal(torch.cat([t.flatten() for t in saved.values()]).cpu(), weights[0])  # rank 0 saved them
 
 # %% [markdown]
-# **The global batch.** Each step averages the gradients of `nproc` per-device batches of 8, so one
-# optimizer step consumes up to `8 × nproc` samples: each rank gets a share of the 48 samples (padded to equal
-# shares when `nproc` does not divide 48) and takes fewer steps than one process's 6. The logs show it:
+# **The global batch.** Each step averages the gradients of `nproc` per-rank batches of 8, so one optimizer
+# step consumes up to `8 × nproc` samples: each rank gets a share of the 48 samples (padded to equal shares
+# when `nproc` does not divide 48) and takes fewer steps than one process's 6. With gradient accumulation
+# (section 9) multiply by the number of micro-batches per step too. That product — per-rank batch × world size ×
+# accumulation steps — is the batch size your learning rate sees, so the script logs it once, from rank 0,
+# at start; a run's log then says what it trained with, whatever the number of devices. The logs confirm it:
 
 # %%
+printed = re.search(r"global batch (\d+) = 8 per rank x (\d+) ranks x 1 accumulation", finished.stdout)
 shard = len(good_logs[0]["seen"][0])                      # samples per rank per epoch
 steps_per_epoch = len(good_logs[0]["losses"]) // 2
 seen = [i for log in good_logs for i in log["seen"][0]]
+print(f"the script printed: {printed.group(0) if printed else None!r}")
 print(f"{nproc} ranks: {shard} samples each, {steps_per_epoch} steps per epoch of up to {8 * nproc} samples "
       f"(one process: 6 steps of 8); {len(seen)} samples visited in epoch 0, {len(set(seen))} different")
-assert sorted(set(seen)) == list(range(48))                           # every sample, in some rank's share
+assert printed and int(printed.group(1)) == 8 * nproc and int(printed.group(2)) == nproc
+assert finished.stdout.count("global batch") == 1                       # once, from rank 0, not once per rank
+assert (steps_per_epoch - 1) * int(printed.group(1)) < len(seen) <= steps_per_epoch * int(printed.group(1))
+assert sorted(set(seen)) == list(range(48))                             # every sample, in some rank's share
 assert {len(log["losses"]) for log in good_logs} == {2 * steps_per_epoch}   # every rank, the same number of steps
 assert steps_per_epoch < 6
 
@@ -245,9 +335,9 @@ assert steps_per_epoch < 6
 # %%
 bad_script = runs / "train_ddp_bad.py"
 print(script_variant(script, "sampler.set_epoch(epoch)", "", to=bad_script))
-print(script_variant(bad_script, "if rank == 0:", "if True:  # every rank writes model.pt", to=bad_script))
+print(script_variant(bad_script, "# DDP: one writer", "    if True:  # every rank writes model.pt", to=bad_script))
 print(script_variant(bad_script, "manual_seed(1000 + rank)",
-                     "augment = torch.Generator().manual_seed(1000)  # the same seed on every rank", to=bad_script))
+                     "    augment = torch.Generator().manual_seed(1000)  # the same seed on every rank", to=bad_script))
 bad = launch_torchrun(str(bad_script), nproc, log_dir=runs / "bad", timeout_s=300, echo=False)
 print(bad)
 
@@ -416,6 +506,72 @@ assert "Rank 1 failed to pass monitoredBarrier" in last_error["[rank0]"]
 # dist.monitored_barrier(group=gloo_group, timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
 # ```
 #
+# ### What the same hang says with `nccl`
+#
+# On GPUs the timeout is enforced by ProcessGroupNCCL's **watchdog**, a thread in each rank that checks every
+# pending collective; when one has run longer than `timeout=`, it logs the line below, then takes the process
+# down (`TORCH_NCCL_ASYNC_ERROR_HANDLING`, on by default). The line names the rank, the
+# collective's sequence number, its type and size, and how long it waited — the sequence number is what you
+# compare across ranks (`TORCH_NCCL_TRACE_BUFFER_SIZE` plus `TORCH_NCCL_DUMP_ON_TIMEOUT=1` record which
+# collectives each rank reached). On 2+ GPUs the cell below produces it for real (rank 1 skips an all-reduce,
+# 5 s timeout); elsewhere it shows the line as torch's source writes it, **not produced on this machine**.
+
+# %%
+# %%writefile artifacts/ch5/nccl_timeout.py
+"""Run on 2+ GPUs only: rank 1 skips an all-reduce; rank 0's NCCL watchdog fires after 5 s."""
+import datetime, os, time
+import torch
+import torch.distributed as dist
+
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=5), device_id=torch.device("cuda", local_rank))
+x = torch.ones(1024, device="cuda")
+dist.all_reduce(x)                       # both ranks: fine
+if dist.get_rank() == 0:
+    dist.all_reduce(x)                   # rank 1 never joins this one
+    torch.cuda.synchronize()
+else:
+    time.sleep(30)                       # alive, busy elsewhere: rank 0 waits for it
+
+# %%
+watchdog_line = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=\d+, OpType=ALLREDUCE.*"
+                           r"ran for \d+ milliseconds before timing out")
+if gpus >= 2:
+    nccl_hang = launch_torchrun(str(runs / "nccl_timeout.py"), 2, timeout_s=120, echo=False, check=False)
+    message = watchdog_line.search(nccl_hang.output)
+    print(f"exit code {nccl_hang.returncode}; rank 0 logged:\n  {message.group(0) if message else None}")
+    assert nccl_hang.returncode != 0 and message
+else:
+    # Not produced here (no 2 GPUs): the line as ProcessGroupNCCL writes it — WorkNCCL::checkTimeout and
+    # operator<<(WorkNCCL) in torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (pytorch/pytorch, read at commit
+    # 0007e752; the same pieces are in torch 2.14.1+cu130's libtorch_cuda.so, and the check below looks for
+    # them in this machine's torch when it is a CUDA build):
+    # "[Rank R] Watchdog caught collective operation timeout: " + the
+    # work as "WorkNCCL(SeqNum=..., OpType=..., NumelIn=..., NumelOut=..., Timeout(ms)=...)" + " ran for T
+    # milliseconds before timing out." The numbers are illustrative: the 9th collective, a 1025-element
+    # all-reduce, under the default 10-minute timeout. The log prefix "[rank0]:[E...] ProcessGroupNCCL.cpp:N"
+    # varies with the version.
+    message = watchdog_line.search(
+        "[rank0]:[E1204 17:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1025, NumelOut=1025, Timeout(ms)=600000) ran for "
+        "600031 milliseconds before timing out.")
+    print(f"{gpus} GPU(s): no NCCL hang can run here. What rank 0 of a 2-GPU job logs (quoted from torch's "
+          f"source, NOT produced on this machine):\n  [Rank 0] {message.group(0)}.")
+    pieces = (b"Watchdog caught collective operation timeout: ", b"WorkNCCL(", b"SeqNum=", b", OpType=",
+              b", Timeout(ms)=", b" milliseconds before timing out.")
+    nccl_library = Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"     # only in CUDA builds of torch
+    if nccl_library.exists():
+        with open(nccl_library, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as library:
+            missing = [piece for piece in pieces if library.find(piece) < 0]
+        print(f"this torch's {nccl_library.name} holds every piece of that message: {not missing}")
+        assert not missing, missing
+    else:
+        print(f"this torch ({torch.__version__}) is a CPU build, without NCCL: the source is the only reference here")
+print(f"explain() on it: {explain(message.group(0)).id}")
+assert explain(message.group(0)).id == "distributed-timeout"
+
+# %% [markdown]
 # ## 8. Uneven inputs, fixed with `Join`
 #
 # Padding every rank to the same number of batches (what `DistributedSampler` does) avoids the hang, but
@@ -598,7 +754,130 @@ else:
           f"{'nccl on every GPU' if gpus >= 2 else 'gloo on the CPU'}")
 
 # %% [markdown]
-# ## 11. Exercises
+# ## 11. A worker dies: torchrun restarts the job, which resumes from its checkpoint
+#
+# On a long job a worker will die — the kernel's OOM killer, a GPU falling off the bus, a preempted node.
+# `torchrun --max-restarts=N` then stops the surviving workers and starts the **whole group again**, up to N
+# times; `TORCHELASTIC_RESTART_COUNT` tells each new worker which attempt it is. A restart only helps if the
+# script resumes: it must load its last checkpoint (model, optimizer, step) and produce the same batches for
+# a given step. The script below does that, with gradient accumulation (2 micro-batches per step, `no_sync()`
+# on the first) and its global batch logged. Rank 1 kills itself with SIGKILL — nothing to catch, as with the
+# OOM killer — at step 5 of the first attempt; the last checkpoint is step 4's.
+
+# %%
+# %%writefile artifacts/ch5/resume_ddp.py
+"""Checkpoint every 2 steps; when torchrun restarts the group, resume from the last checkpoint."""
+import contextlib, datetime, json, os, signal
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+PER_RANK_BATCH, ACCUMULATION, STEPS, SAVE_EVERY, DIES_AT = 4, 2, 8, 2, 5
+
+
+def batch(step, rank, micro):     # the data of a step is a function of the step: a resumed run sees the same
+    g = torch.Generator().manual_seed(1000 * step + 10 * rank + micro)
+    x = torch.randn(PER_RANK_BATCH, 4, generator=g)
+    return x, x @ torch.tensor([1.0, -2.0, 0.5, 0.0]) + 0.3
+
+
+def main():
+    log_dir = os.environ.get("COURSE_LOG_DIR", ".")
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])           # 0, then 1 after torchrun's restart
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        print(f"attempt {attempt}: global batch {PER_RANK_BATCH * world * ACCUMULATION} = {PER_RANK_BATCH} per rank"
+              f" x {world} ranks x {ACCUMULATION} accumulation steps", flush=True)
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)    # momentum: state to restore
+    step, checkpoint = 0, f"{log_dir}/checkpoint.pt"
+    if os.path.exists(checkpoint):                                            # resume
+        state = torch.load(checkpoint, weights_only=True)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+        print(f"rank {rank}: resumed from the checkpoint of step {step}", flush=True)
+    resumed_from = step
+    while step < STEPS:
+        if attempt == 0 and rank == 1 and step == DIES_AT:
+            os.kill(os.getpid(), signal.SIGKILL)                              # a worker dies, no cleanup
+        optimizer.zero_grad()
+        for micro in range(ACCUMULATION):
+            x, y = batch(step, rank, micro)
+            with model.no_sync() if micro < ACCUMULATION - 1 else contextlib.nullcontext():
+                (nn.functional.mse_loss(model(x).squeeze(1), y) / ACCUMULATION).backward()
+        optimizer.step()
+        step += 1
+        if step % SAVE_EVERY == 0:
+            if rank == 0:                                                     # one writer, written atomically
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                           f"{checkpoint}.tmp")
+                os.replace(f"{checkpoint}.tmp", checkpoint)
+            dist.barrier()
+    with open(f"{log_dir}/rank{rank}.json", "w") as file:
+        json.dump({"rank": rank, "attempt": attempt, "resumed_from": resumed_from, "final_step": step,
+                   "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}, file)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+
+# %%
+resumed = launch_torchrun(str(runs / "resume_ddp.py"), 2, log_dir=runs / "resume", timeout_s=180, echo=False,
+                          torchrun_args=("--standalone", "--max-restarts=1"),
+                          env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})   # a fresh store per attempt: see below
+for line in resumed.output.splitlines():          # rank 0's lines, and torchrun's report of the dead worker
+    if line.startswith(("attempt", "rank")) or "exitcode" in line:
+        print(re.sub(r"^\S+ \S+ \d+ \S+\] (.*) of binary: .*", r"torchrun: \1", line))
+print(resumed, {log["rank"]: (log["attempt"], log["resumed_from"], log["final_step"]) for log in resumed.logs})
+assert "(exitcode: -9) local_rank: 1" in resumed.output               # rank 1 was SIGKILLed, torchrun saw it
+assert [log["attempt"] for log in resumed.logs] == [1, 1]            # the logs come from the restarted group
+assert [log["resumed_from"] for log in resumed.logs] == [4, 4]       # step 4's checkpoint; step 5's work redone
+assert [log["final_step"] for log in resumed.logs] == [8, 8]
+assert "global batch 16 = 4 per rank x 2 ranks x 2 accumulation steps" in resumed.output
+
+# %% [markdown]
+# Did the restart lose or repeat anything? DDP with equal shards averages the ranks' gradients, and the
+# accumulation divides by 2, so each step is one SGD step on the mean loss over its 16 samples. The same 8
+# steps in this process, without any failure, must give the same weights:
+
+# %%
+resume_script = runpy.run_path(str(runs / "resume_ddp.py"))           # its batch() and constants, not main()
+torch.manual_seed(0)
+uninterrupted = nn.Linear(4, 1)
+sgd = torch.optim.SGD(uninterrupted.parameters(), lr=0.05, momentum=0.9)
+for step in range(resume_script["STEPS"]):
+    xs, ys = zip(*(resume_script["batch"](step, rank, micro) for rank in range(2) for micro in range(2)))
+    sgd.zero_grad()
+    nn.functional.mse_loss(uninterrupted(torch.cat(xs)).squeeze(1), torch.cat(ys)).backward()
+    sgd.step()
+expected = torch.cat([p.detach().flatten() for p in uninterrupted.parameters()])
+print(f"largest difference, resumed job vs uninterrupted: "
+      f"{(torch.tensor(resumed.logs[0]['weights']) - expected).abs().max():.1e}")
+torch.testing.assert_close(torch.tensor(resumed.logs[0]["weights"]), expected)
+assert resumed.logs[0]["weights"] == resumed.logs[1]["weights"]
+
+# %% [markdown]
+# Three things made that work, and each is a classic way for it not to: the checkpoint holds the optimizer
+# (SGD's momentum here) and the step, not only the weights; the data of a step depends on the step only, so
+# the redone step 5 sees the same batches (with a `DataLoader`, that means `sampler.set_epoch(epoch)` and
+# skipping the batches already done — or `torchdata`'s `StatefulDataLoader`, whose `state_dict()` holds the
+# position inside the epoch); and rank 0 writes the checkpoint to a temporary file and renames it, so a death
+# *during* a save leaves the previous checkpoint intact. One more, from torch itself: by default the restarted
+# workers share torchrun's rendezvous store with the dead ones, and a restarted `gloo` group sometimes read a
+# dead worker's address from it and failed with `Gloo connectFullMesh failed ... Connection refused` (1 run in
+# 3 here; the same bug with NCCL is [pytorch/pytorch#135712](https://github.com/pytorch/pytorch/issues/135712)).
+# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` in torchrun's environment gives each attempt a store of its own (the
+# workers' `MASTER_PORT` changes from one attempt to the next). Without `--max-restarts` (default 0) the first death
+# ends the job; with several nodes, torchrun's rendezvous also lets a restarted group change its size
+# (`--nnodes=MIN:MAX`), which is why the script reads the world size rather than assuming it.
+
+# %% [markdown]
+# ## 12. Exercises
 #
 # Three exercises are **real code with planted bugs** (the text says how many); the last is yours to write.
 # Fix the code in the cell and run it: the check runs your function on its own small data and prints a
@@ -624,8 +903,9 @@ check_epoch_shards(epoch_shards)
 
 # %% [markdown]
 # **Exercise 2 — saving once (there are 2 bugs).** Every rank calls `save_checkpoint_once` with its own
-# `rank`; afterwards the file must hold the weights, have been written once, and no rank may get past
-# `barrier()` before it is complete.
+# `rank`, all at the same time; `barrier()` is a real barrier (it waits for every rank). Afterwards the file
+# must hold the model's whole `state_dict`, have been written once, and no rank may leave its last `barrier()`
+# before the file is complete. The check runs it on 2 and on 3 ranks, with a model that has buffers.
 
 # %%
 @exercise
@@ -638,9 +918,10 @@ check_save_checkpoint_once(save_checkpoint_once)
 
 # %% [markdown]
 # **Exercise 3 — accumulation under DDP (there are 2 bugs).** `accumulate_no_sync` should make one optimizer
-# step from equal-sized micro-batches, with the gradient of the whole batch and a single all-reduce.
-# `loss_fn` returns the **mean** loss over the samples it is given (the check passes `nn.MSELoss()`), so the
-# step must match one step on the mean loss over all the micro-batches together.
+# step from equal-sized micro-batches, each through its own forward, with a single all-reduce that carries
+# the gradient of the whole batch. `loss_fn` returns the **mean** loss over the samples it is given (the
+# check passes `nn.MSELoss()`), so the step must match one step on the mean loss over all the micro-batches
+# together — whatever their number (the check uses 3 and 5, not section 9's 4).
 
 # %%
 @exercise
@@ -656,9 +937,12 @@ def accumulate_no_sync(ddp_model, micro_batches, loss_fn, optimizer):
 check_accumulate_no_sync(accumulate_no_sync)
 
 # %% [markdown]
-# **Exercise 4 — an evaluation shard (write it).** `DistributedSampler` pads each rank's share by repeating
-# samples, so an evaluation over it counts some samples twice. Return the indices rank `rank` should evaluate
-# so that, over all ranks, each of the `n_samples` samples is evaluated exactly once.
+# **Exercise 4 — contiguous evaluation shards (write it).** Section 6's shards take every `world_size`-th
+# sample. Here the validation set is stored in order in files (or is one long text whose metric needs
+# neighbouring samples together), so each rank must evaluate **one contiguous block** of indices. Return rank
+# `rank`'s block so that, over all ranks, each of the `n_samples` samples is evaluated exactly once and no rank
+# gets more than one sample more than another (the ranks wait for the slowest). The check tries world sizes
+# and dataset sizes the chapter did not use, including fewer samples than ranks.
 
 # %%
 @exercise
@@ -672,30 +956,49 @@ check_eval_shard(eval_shard)
 # ## What to remember
 # - DDP is one process per device, started by `torchrun`; the script: `init_process_group`,
 #   `DistributedSampler` (and `sampler.set_epoch(epoch)` every epoch), `DDP(model)`, save on rank 0 then
-#   `dist.barrier()`, `destroy_process_group()`.
+#   `dist.barrier()`, `destroy_process_group()` — all inside `main()` behind `if __name__ == "__main__":`, so
+#   DataLoader workers started with spawn/forkserver, which re-run the file, do not start training too.
+# - DataLoader workers per rank × ranks per machine must fit the machine's cores; `pin_memory=True` only with
+#   a GPU to copy to.
+# - `nn.DataParallel` re-creates its replicas each step: state written in `forward` (`self.calls += 1`) is lost
+#   on 2+ GPUs. DDP has no such replicas.
 # - Seed what must differ per rank (augmentation) with `base + rank`; build the dataset identically on every
 #   rank. The model's initial weights come from rank 0 (DDP broadcasts them).
-# - One optimizer step consumes per-device batch × world size samples; keep the global batch, or retune the
-#   learning rate (linear scaling with warm-up as a starting point for SGD).
-# - Every rank must call every collective. A short `timeout=` turns a hang into an error;
-#   `monitored_barrier` names the missing rank; uneven inputs need padding or `Join` (which divides by the
-#   initial world size unless told otherwise).
+# - One optimizer step consumes per-rank batch × world size × accumulation steps samples: log that global
+#   batch once, at start; keep it, or retune the learning rate (linear scaling with warm-up for SGD).
+# - Every rank must call every collective. A short `timeout=` turns a hang into an error (with `nccl`, the
+#   watchdog's `Watchdog caught collective operation timeout: WorkNCCL(SeqNum=...)`); `monitored_barrier` names
+#   the missing rank; uneven inputs need padding or `Join` (which divides by the initial world size unless
+#   told otherwise).
 # - Accumulate with `no_sync()` on all micro-batches but the last.
-# - Evaluate each sample once (unpadded shards) and all-reduce sums and counts before dividing.
+# - Evaluate each sample once (unpadded shards: strided or contiguous, balanced within one) and all-reduce
+#   sums and counts before dividing.
+# - `torchrun --max-restarts=N` restarts the whole group after a worker dies; it only helps a script that
+#   resumes: a checkpoint with model, optimizer and step (written atomically, by rank 0), and data that is a
+#   function of the step. With gloo, give each attempt its own store (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`).
+# - `launch_torchrun` kills every process on timeout, and on Linux its torchrun dies with the kernel that
+#   launched it (a kernel restart leaves no workers behind).
 #
 # ## Troubleshooting by symptom
 # | You see | Likely cause | Section |
 # |---|---|---|
 # | every epoch sees the same batches in the same order | `set_epoch` missing | 3 |
 # | checkpoint written N times | every rank saves | 4 |
-# | a rank loads a missing or stale checkpoint | no `barrier()` after rank 0's save, or one before it | exercise 2 |
+# | a rank loads a missing or stale checkpoint | no `barrier()` after rank 0's save (one before it as well is fine) | 4, exercise 2 |
 # | augmentation identical on every device | the same seed on every rank | 5 |
 # | validation metric depends on the number of devices | `DistributedSampler` padding in evaluation | 6 |
 # | job idle, then `Timed out waiting ...ms` or `Connection closed by peer` (or a hang with no timeout) | a rank skipped a collective: uneven batches, a collective inside `if rank == 0:` | 7 |
+# | `Watchdog caught collective operation timeout: WorkNCCL(SeqNum=..., OpType=ALLREDUCE, ...) ran for ... milliseconds` | the same, with `nccl`: compare the `SeqNum` each rank reached | 7 (nccl) |
 # | `Rank N failed to pass monitoredBarrier` | rank N never reached that point: look at what it did instead | 7 |
 # | `ChildFailedError` from torchrun | one rank raised: read its traceback (the first failure) | 7 |
+# | a counter or attribute set in `forward` stays at 0 under `DataParallel` | the replicas got the update, not your module | 1 |
+# | each DataLoader worker starts training, or `init_process_group` runs again in a worker | no `if __name__ == "__main__":` guard, with spawn/forkserver workers | 2 |
+# | loss jumps when the number of GPUs changes | the global batch changed (per-rank × world × accumulation): log it, retune the learning rate | 2 |
+# | after a restart: `Gloo connectFullMesh failed ... Connection refused` | the restarted group read the dead group's addresses from the shared store | 11 |
+# | after a restart the job starts again from step 0, or the loss jumps | no resume: load model, optimizer and step from the last checkpoint | 11 |
 # | `RendezvousTimeoutError` | a node did not arrive: wrong `--rdzv-endpoint`, port blocked, node not started | 10 |
 # | `address already in use` | another job holds the port: use `--standalone` or another `--rdzv-endpoint` port | 10 |
+# | workers still running after a kernel restart | a launcher that does not tie its children's life to its own (`launch_torchrun` does, on Linux) | 2 |
 
 # %%
 print(progress(chapter=5))
