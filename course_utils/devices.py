@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from course_utils import _checks
-from course_utils.exercises import Verdict, reference_solution, report_check
 
 _DEVICE_KINDS = ("cpu", "cuda", "mps")
 
@@ -124,130 +121,3 @@ def torch_threads(n: int) -> Iterator[int]:
         yield previous
     finally:
         torch.set_num_threads(previous)
-
-
-# --- exercise: a batch and a tensor left behind on the CPU --------------------------------------
-
-@reference_solution("mean_kept_output", chapter=3)
-def _mean_kept_output(model: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
-    model.to(device)
-    batch = to_device(batch, device)
-    outputs = model(batch["x"]).squeeze(1)
-    weights = torch.zeros(len(outputs), device=device)
-    weights[batch["keep"]] = 1.0
-    return (outputs * weights).sum() / weights.sum()
-
-
-def _kept_output_problem() -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """A seeded 3 -> 8 -> 1 MLP on the CPU and a batch of 6 rows, 4 of them kept."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(7)
-        model = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1))
-        batch = {"x": torch.randn(6, 3), "keep": torch.tensor([True, False, True, True, False, True])}
-    return model, batch
-
-
-class _Elsewhere(torch.Tensor):
-    """A CPU tensor that reports the `meta` device: real values, another device as far as code can tell."""
-
-    @staticmethod
-    def __new__(cls, data: torch.Tensor) -> "_Elsewhere":
-        return torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(), dtype=data.dtype,
-                                                   storage_offset=data.storage_offset(), device="meta",
-                                                   requires_grad=data.requires_grad)
-
-    def __init__(self, data: torch.Tensor) -> None:
-        self.values = data
-
-    def __repr__(self) -> str:
-        return f"{self.values!r} (on the stand-in device)"
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _run_elsewhere(func, args, kwargs or {})
-
-
-# Like CUDA, these accept CPU index tensors for a tensor on the other device.
-_INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default,
-             torch.ops.aten._index_put_impl_.default}
-
-
-def _run_elsewhere(func, args: tuple, kwargs: dict) -> Any:
-    """Run `func` on the CPU values; refuse, as CUDA would, to combine a stand-in tensor with a CPU tensor
-    that is not a 0-dim scalar; label the results as on the stand-in device when an input was, or when
-    `device=meta` was asked for."""
-    elsewhere = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, _Elsewhere)]
-    asked = kwargs.get("device")
-    moving_there = asked is not None and torch.device(asked).type == "meta"
-    moving_back = asked is not None and not moving_there
-    if elsewhere and not moving_back:
-        operands = [args[0], *args[2:]] if func in _INDEXING else tree_flatten((args, kwargs))[0]
-        left = [t for t in operands if isinstance(t, torch.Tensor) and not isinstance(t, _Elsewhere) and t.dim()]
-        if left:
-            raise RuntimeError(f"{func}: a CPU tensor of shape {tuple(left[0].shape)} was combined with tensors "
-                               "on the other device (on a GPU: 'Expected all tensors to be on the same device')")
-    if moving_there:
-        kwargs = {**kwargs, "device": torch.device("cpu")}
-    wrapper_of = {id(t.values): t for t in elsewhere}
-    out = func(*tree_map(_values, args), **tree_map(_values, kwargs))
-    if moving_back or not (elsewhere or moving_there):
-        return out
-
-    def label(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        return wrapper_of[id(t)] if id(t) in wrapper_of else _Elsewhere(t)   # in-place ops return their input
-    return tree_map(label, out)
-
-
-def _values(t: Any) -> Any:
-    return t.values if isinstance(t, _Elsewhere) else t
-
-
-class _StandInDevice(TorchDispatchMode):
-    """While active, `device="meta"` (in `.to`, `model.to`, factories) gives `_Elsewhere` tensors: a second
-    device with real values for machines without a GPU (a real `meta` tensor has no values, so masks
-    and `.item()` would fail there)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return _run_elsewhere(func, args, kwargs or {})
-
-
-def check_mean_kept_output(fn: Callable) -> Verdict:
-    """Exercise: `fn(model, batch, device)` moves the model and the batch to `device` and returns the mean
-    model output over the kept rows as a 0-dim tensor on `device`. Run on the CPU, then on another
-    device: CUDA when there is one; else a stand-in that keeps real values on the CPU, reports the
-    `meta` device and, as CUDA would, refuses to combine its tensors with CPU tensors."""
-    name = "mean_kept_output"
-    on_gpu = torch.cuda.is_available()
-    other = torch.device("cuda" if on_gpu else "meta")
-    where = "on cuda" if on_gpu else "on the stand-in device (another device with real values, reported as meta)"
-    hints = ["read the error: which tensor is on which device? print .device of the model's parameters, "
-             "of every tensor in the batch, and of what you create",
-             "moving a module changes it in place; moving a tensor does not",
-             "a tensor created inside the function lands on the default device unless told otherwise"]
-    model, batch = _kept_output_problem()
-    expected = _mean_kept_output(*_kept_output_problem(), torch.device("cpu"))
-    try:
-        on_cpu = fn(model, dict(batch), torch.device("cpu"))
-    except Exception as error:
-        return report_check(name, False, f"on the CPU your function raised {type(error).__name__}: {error}", hints)
-    if on_cpu is None:
-        return report_check(name, False, None, hints)
-    try:
-        if on_gpu:
-            on_other = fn(*_kept_output_problem(), other)
-        else:
-            with _StandInDevice():
-                on_other = fn(*_kept_output_problem(), other)
-    except Exception as error:
-        return report_check(name, False, f"{where} your function raised {type(error).__name__}: {error}", hints)
-    problems = []
-    if not (isinstance(on_cpu, torch.Tensor) and on_cpu.shape == () and torch.allclose(on_cpu, expected)):
-        problems.append(f"on the CPU it returned {on_cpu!r}, expected {expected!r}")
-    if not (isinstance(on_other, torch.Tensor) and on_other.device.type == other.type and on_other.shape == ()):
-        got = on_other.device if isinstance(on_other, torch.Tensor) else type(on_other).__name__
-        problems.append(f"asked for device {other}, the result is on {got}")
-    elif not torch.allclose(_values(on_other).detach().cpu(), expected.detach()):
-        problems.append(f"{where} it returned {_values(on_other).item():.4f}, expected {expected.item():.4f}")
-    return report_check(name, not problems, "; ".join(problems) or None, hints)

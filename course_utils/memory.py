@@ -16,8 +16,6 @@ from torch.utils._pytree import tree_flatten
 
 from course_utils import _checks
 from course_utils._display import ReadableResult, format_bytes
-from course_utils.devices import torch_threads
-from course_utils.exercises import Verdict, reference_solution, report_check
 from course_utils.memory_simulation import OPTIMIZERS as _OPTIMIZERS
 from course_utils.memory_simulation import SimulatedStep, simulate_training_step
 
@@ -413,71 +411,3 @@ def cpu_memory_cap(headroom_bytes: int) -> Iterator[int]:
         yield cap
     finally:
         resource.setrlimit(resource.RLIMIT_AS, previous)
-
-
-# --- exercise: a validation loop that keeps every batch's graph --------------------------------
-
-@reference_solution("validation_losses", chapter=3)
-def _validation_losses(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], float]:
-    losses = []
-    with torch.no_grad():
-        for inputs, targets in batches:
-            losses.append(torch.nn.functional.mse_loss(model(inputs), targets).item())
-    return losses, sum(losses) / len(losses)
-
-
-def _validation_problem(n_batches: int) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """A seeded 32 -> 256 -> 256 -> 1 MLP and `n_batches` batches of 64 samples."""
-    generator = torch.Generator().manual_seed(3)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(3)
-        model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
-    batches = [(torch.randn(64, 32, generator=generator), torch.randn(64, 1, generator=generator))
-               for _ in range(n_batches)]
-    return model, batches
-
-
-def check_validation_losses(fn: Callable) -> Verdict:
-    """Exercise: `fn(model, batches)` returns (the loss of each batch as a float, their mean as a float)
-    without keeping anything alive between batches (its peak memory, measured on CPU, must not grow
-    with the number of batches) and without recording anything for a backward pass that never comes
-    (autograd must save no tensor). Reports the first problem it observes, in that order."""
-    name = "validation_losses"
-    hints = ["a loss tensor remembers how it was computed: everything autograd saved for its backward "
-             "stays alive as long as the tensor does",
-             "keep Python numbers, not tensors",
-             "a validation pass never calls backward(): autograd need not record anything while it runs"]
-    try:
-        peaks = {}
-        for n in (2, 6):
-            model, batches = _validation_problem(n)
-            with torch_threads(1):      # small ops: a second thread only costs time on a busy machine
-                report = measure_peak_memory(fn, model, batches, device="cpu")
-            peaks[n] = report.peak_bytes
-        returned = report.result
-        model, batches = _validation_problem(2)
-        saved, _ = saved_activation_bytes(fn, model, batches, exclude=list(model.parameters()))
-    except Exception as error:  # the learner's code: report it, never crash
-        return report_check(name, False, f"your function raised {type(error).__name__}: {error}", hints)
-    if returned is None:
-        return report_check(name, False, None, hints)
-    expected_losses, expected_mean = _validation_losses(*_validation_problem(6))
-    growth = (peaks[6] - peaks[2]) / 4
-    losses, mean = returned if isinstance(returned, tuple) and len(returned) == 2 else (returned, None)
-    if growth > 1024:
-        observed = (f"memory grows by {format_bytes(growth)} per batch (peak {format_bytes(peaks[2])} for 2 "
-                    f"batches, {format_bytes(peaks[6])} for 6): something keeps each batch alive")
-    elif saved:
-        observed = (f"memory no longer grows, but during 2 batches autograd saved {format_bytes(saved)} of "
-                    "tensors for a backward pass that never comes")
-    elif not (isinstance(losses, list) and all(type(x) is float for x in losses)) or type(mean) is not float:
-        kinds = sorted({type(x).__name__ for x in losses}) if isinstance(losses, list) else [type(losses).__name__]
-        observed = (f"it returned losses of type {', '.join(kinds)} and a mean of type {type(mean).__name__}; "
-                    "expected Python floats")
-    elif len(losses) != 6 or max(abs(a - b) for a, b in zip(losses, expected_losses)) > 1e-5:
-        observed = f"the losses {[round(x, 4) for x in losses]} are not the 6 batches' MSE losses"
-    elif abs(mean - expected_mean) > 1e-5:
-        observed = f"the mean {mean:.4f} is not the mean of the batch losses"
-    else:
-        return report_check(name, True, None, hints)
-    return report_check(name, False, observed, hints)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +11,6 @@ from torch import nn
 from course_utils import _checks
 from course_utils._display import ReadableResult
 from course_utils.devices import named_tensors
-from course_utils.exercises import Verdict, reference_solution, report_check
 
 
 @dataclass
@@ -117,112 +115,3 @@ def locate_nonfinite(model: nn.Module, *inputs: Any, backward: bool = True) -> N
         for handle in handles:
             handle.remove()
     return found[0] if found else None
-
-
-# --- exercises -------------------------------------------------------------------------------
-
-def _raised(error: Exception) -> str:
-    return f"your function raised {type(error).__name__}: {error}"
-
-
-@reference_solution("sensor_dataset", chapter=3)
-def _sensor_dataset(readings: torch.Tensor) -> torch.utils.data.Dataset:
-    class SensorRows(torch.utils.data.Dataset):
-        def __init__(self, readings):
-            self.mean = readings.nanmean(dim=0)
-            filled = torch.where(torch.isnan(readings), self.mean, readings)
-            std = filled.std(dim=0)
-            self.std = torch.where(std > 0, std, torch.ones_like(std))
-            self.rows = filled
-
-        def __len__(self):
-            return len(self.rows)
-
-        def __getitem__(self, index):
-            return (self.rows[index] - self.mean) / self.std
-    return SensorRows(readings)
-
-
-def _sensor_readings() -> torch.Tensor:
-    """(200, 4) float32 readings: column 1 has 5 missing values (NaN), column 3 is stuck at 5.0."""
-    readings = 3 + 2 * torch.randn(200, 4, generator=torch.Generator().manual_seed(5))
-    readings[:, 3] = 5.0
-    readings[[7, 40, 41, 90, 150], 1] = float("nan")
-    return readings
-
-
-def check_sensor_dataset(fn: Callable) -> Verdict:
-    """Exercise: `fn(readings)` returns a Dataset whose samples are the rows of `readings` (N, 4),
-    missing values (NaN) filled with their column's mean, standardised per column: every sample
-    finite, each varying column with mean 0 and std 1, a constant column mapped to 0."""
-    name = "sensor_dataset"
-    hints = ["print one sample and the dataset's mean and std: which column goes wrong first?",
-             "two statistics must survive the data: a column with a missing value, and a column that never moves",
-             "torch has NaN-aware reductions; and a scale of 0 has no meaningful inverse"]
-    readings = _sensor_readings()
-    try:
-        dataset = fn(readings.clone())
-        if dataset is None:
-            return report_check(name, False, None, hints)
-        samples = torch.stack([torch.as_tensor(dataset[i]) for i in range(len(dataset))])
-    except Exception as error:
-        return report_check(name, False, _raised(error), hints)
-    if samples.shape != readings.shape:
-        return report_check(name, False, f"the samples stack to shape {tuple(samples.shape)}, expected (200, 4)", hints)
-    bad = ~torch.isfinite(samples)
-    if bad.any():
-        rows = int(bad.any(dim=1).sum())
-        columns = bad.any(dim=0).nonzero().flatten().tolist()
-        observed = (f"{rows} of {len(samples)} samples hold a NaN or Inf, in column(s) {columns} "
-                    f"(e.g. sample 0 is {[round(v, 3) for v in samples[0].tolist()]})")
-        return report_check(name, False, observed, hints)
-    expected = torch.stack([_sensor_dataset(readings)[i] for i in range(len(readings))])
-    if not torch.allclose(samples, expected, atol=1e-4):
-        column = int((samples - expected).abs().amax(dim=0).argmax())
-        observed = (f"every sample is finite now, but column {column} is not standardised: its values have "
-                    f"mean {samples[:, column].mean():.3f} and std {samples[:, column].std():.3f} "
-                    f"(a varying column should give 0 and 1, a constant one all 0)")
-        return report_check(name, False, observed, hints)
-    return report_check(name, True, None, hints)
-
-
-@reference_solution("rms_normalise", chapter=3)
-def _rms_normalise(x: torch.Tensor) -> torch.Tensor:
-    x32 = x.float()
-    return (x32 / torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True) + 1e-6)).to(x.dtype)
-
-
-def check_rms_normalise(fn: Callable) -> Verdict:
-    """Exercise: `fn(x)` for float16 activations x (N, D) returns x / sqrt(mean(x**2 over D) + 1e-6)
-    in float16, finite and accurate also for activations of a few hundred (whose squares pass
-    float16's largest value, 65504)."""
-    name = "rms_normalise"
-    hints = ["look at the largest intermediate value, and at the largest number float16 can hold",
-             "it is the same in float16 mixed-precision training: some reductions are done in float32"]
-    generator = torch.Generator().manual_seed(6)
-    small = torch.randn(8, 64, generator=generator).half()
-    large = (300 * torch.randn(8, 64, generator=generator)).half()     # squares up to ~1e6 > 65504
-    results = {}
-    for label, x in (("small", small), ("large", large)):
-        try:
-            out = fn(x.clone())
-        except Exception as error:
-            return report_check(name, False, _raised(error), hints)
-        if out is None:
-            return report_check(name, False, None, hints)
-        results[label] = out
-    problems = []
-    for label, x in (("small", small), ("large", large)):
-        out, expected = results[label], _rms_normalise(x)
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != torch.float16:
-            what = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
-            problems.append(f"for the {label} activations it returned {what}, expected (8, 64) torch.float16")
-        elif not torch.isfinite(out).all():
-            problems.append(f"for activations up to {x.abs().max():.0f} the output holds "
-                            f"{int((~torch.isfinite(out)).sum())} non-finite values of {out.numel()} "
-                            f"(and {int((out == 0).sum())} zeros)")
-        elif not torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2):
-            error = (out.float() - expected.float()).abs().max().item()
-            problems.append(f"for activations up to {x.abs().max():.0f} the output is off by up to {error:.3f} "
-                            f"({int((out == 0).sum())} of {out.numel()} outputs are exactly 0)")
-    return report_check(name, not problems, "; ".join(problems) or None, hints)

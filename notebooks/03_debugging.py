@@ -17,10 +17,12 @@
 #
 # **You will be able to:** estimate a training step's memory by hand before you run it (parameters,
 # gradients, optimizer state, and the activations autograd saves, counted with a hook on the `meta` device)
-# and measure it with `torch.cuda.max_memory_allocated`; catch an out-of-memory error and retry with a
-# smaller batch; tell a real OOM from memory you hold by accident; find the first layer that produces a NaN
-# with a forward hook you write yourself, in the order **data → model → numerics** (float16 overflow
-# included); and print the device of every tensor when they disagree.
+# and measure it with `torch.profiler` (which ops allocate) and `torch.cuda.max_memory_allocated` (the peak);
+# catch an out-of-memory error and retry with a smaller batch; tell a real OOM from memory you hold by
+# accident; find the first layer that produces a NaN with a forward hook you write yourself, in the order
+# **data → model → numerics** (an empty sequence, float16 overflow under autocast on CPU and GPU, a learning
+# rate too high for SGD and for Adam, and an initialisation that explodes or vanishes — Kaiming's that
+# holds); and print the device of every tensor when they disagree.
 #
 # **You write the PyTorch; `course_utils` holds the hardened versions of what you write** (a CPU
 # counterpart, a readable report, hooks always removed). Each section shows the plain code first.
@@ -29,10 +31,11 @@
 # GPU the OOM sections run for real (a capped GPU, a real `torch.OutOfMemoryError`, a memory snapshot); on
 # CPU each has a labelled CPU counterpart (on Linux, a real CPU allocator failure).
 #
-# **Run All:** 16 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 11 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import gc
+import math
 import os
 import sys
 import weakref
@@ -42,15 +45,14 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils import benchmark
 from torch.utils.data import Dataset
 
-from course_utils import (DeviceMismatchError, SmallConvNet, check_devices, check_mean_kept_output,
-                          check_memory_estimate, check_rms_normalise, check_sensor_dataset, check_validation_losses,
-                          cpu_memory_cap, cuda_memory_cap, estimate_training_memory, exercise, expect_error,
-                          expect_warning, find_max_batch_size, find_nonfinite, get_device, hardware_summary,
-                          idle_cores, locate_nonfinite, measure_peak_memory, mlp, plot_losses, progress,
-                          seed_everything, train_step)
+from course_utils import (DeviceMismatchError, SmallConvNet, check_clip_loudness, check_devices, check_mean_kept_output,
+                          check_memory_estimate, check_rms_normalise, check_validation_losses,
+                          compare_speed, cpu_memory_cap, cuda_memory_cap, estimate_training_memory, exercise,
+                          expect_error, expect_warning, find_max_batch_size, find_nonfinite, get_device,
+                          hardware_summary, idle_cores, locate_nonfinite, measure_peak_memory, mlp, plot_losses,
+                          progress, seed_everything, torch_threads, train_step)
 from course_utils.memory_simulation import max_batch_size_by_simulation
 
 # %load_ext course_utils
@@ -134,41 +136,77 @@ assert estimate.optimizer_state == adam_bytes + 4 * len(list(model.parameters())
 # **Measure: the peak of one step.** First a word on speed. Every step in this chapter is small (a few MB per
 # operation). PyTorch splits each CPU operation across `torch.get_num_threads()` threads, one per core by
 # default; each operation then waits for its slowest thread, and on a busy laptop the core that thread
-# needs may be taken. Measured here, now, with `torch.utils.benchmark` (median and spread of many runs):
+# needs may be taken. Measured here, now, with `compare_speed`: both variants timed in alternating blocks
+# inside one measurement (each block with `torch.utils.benchmark`), one called faster only when the spreads of
+# their blocks do not overlap:
 
 # %%
-images, labels = torch.randn(32, 3, 64, 64), torch.randint(0, 10, (32,))
+images, labels = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
 cpu_model = SmallConvNet()
-timings = {}
-for threads in (1, 2):
-    timer = benchmark.Timer("F.cross_entropy(net(x), y).backward()", num_threads=threads,
-                            globals={"F": F, "net": cpu_model, "x": images, "y": labels})
-    timings[threads] = timer.blocked_autorange(min_run_time=0.2)
+
+def forward_backward_with(threads):
+    def run():
+        with torch_threads(threads):                        # restores the thread count afterwards
+            F.cross_entropy(cpu_model(images), labels).backward()
+    return run
+
 idle = idle_cores()
-print(hardware_summary())
-print(f"idle logical cores right now: {idle:.1f} of {os.cpu_count()}")
-for threads, m in timings.items():
-    print(f"one forward + backward, batch 32 at 64x64, {threads} thread{'s' if threads > 1 else ' '}: "
-          f"median {m.median * 1e3:6.1f} ms (IQR {m.iqr * 1e3:.1f} ms, {len(m.times)} blocks)")
-ratio = timings[2].median / timings[1].median
-verdict = ("no significant difference" if abs(timings[2].median - timings[1].median) < max(timings[1].iqr, timings[2].iqr)
-           else f"two threads took {ratio:.2f}x the time of one")
-print(f"on this machine now: {verdict}")
+threads_speed = compare_speed({"1 thread": forward_backward_with(1), "2 threads": forward_backward_with(2)},
+                              blocks=5, warmup_calls=1)
+print(f"idle logical cores before the measurement: {idle:.1f} of {os.cpu_count()}")
+print(threads_speed)
+print(f"on this machine now, two threads: {threads_speed.outcome('2 threads', '1 thread')}")
 
 # %% [markdown]
 # Whether a second thread helps depends on the moment. With idle cores it may; with a core taken (the line
-# "idle logical cores" says how many were free), every operation waits for the thread whose core is busy —
-# the stored output above was measured on a machine shared with other work, where two threads were slower
-# than one. So **this notebook** uses one thread from here on, so that *Run All*
-# stays quick on a busy laptop. It is a choice for this notebook, not advice for your training script:
-# there, run this comparison on your own model and machine.
+# "idle logical cores" says how many were free), every operation waits for the thread whose core is busy and
+# two threads can be slower than one. The verdict line above is what this machine showed when the stored
+# output was made. So **this notebook** uses one thread from here on, so that *Run All* stays quick on a
+# busy laptop. It is a choice for this notebook, not advice for your training script: there, run this
+# comparison on your own model and machine.
 
 # %%
 torch.set_num_threads(1)
 print(hardware_summary())
 
 # %% [markdown]
-# On a GPU the caching allocator keeps statistics. The peak of one training step, by hand:
+# **What allocates? The profiler.** The tool a practitioner reaches for first is `torch.profiler` with
+# `profile_memory=True`: it records every allocation and free, on the CPU as on a GPU, and its table has
+# memory columns per operator — `CPU Mem` (what the op and its children allocated, minus what they freed)
+# and `Self CPU Mem` (the op alone; `CUDA Mem` / `Self CUDA Mem` on a GPU). One training step of the conv
+# net on the CPU, sorted by what each op allocates:
+
+# %%
+from torch.profiler import ProfilerActivity, profile
+
+cpu_optimizer = torch.optim.SGD(cpu_model.parameters(), lr=0.01)
+
+def cpu_step(batch_size):
+    """One SGD step of `cpu_model` on a fresh CPU batch of `batch_size` 3x64x64 images."""
+    x, y = torch.randn(batch_size, 3, 64, 64), torch.randint(0, 10, (batch_size,))
+    F.cross_entropy(cpu_model(x), y).backward()
+    cpu_optimizer.step()
+    cpu_optimizer.zero_grad(set_to_none=True)
+
+cpu_step(32)                                             # warm-up
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    cpu_step(32)
+ops = prof.key_averages()
+print(ops.table(sort_by="self_cpu_memory_usage", row_limit=6))
+relu_output = 32 * 16 * 64 * 64 * 4                      # one (32, 16, 64, 64) float32 activation
+top = max(ops, key=lambda op: op.self_cpu_memory_usage)
+net = sum(op.self_cpu_memory_usage for op in ops)
+allocating_rows = sum(op.self_cpu_memory_usage for op in ops if op.self_cpu_memory_usage > 0)
+print(f"largest allocator: {top.key} ({top.self_cpu_memory_usage / 2**20:.1f} MiB); the rows that allocate add up "
+      f"to {allocating_rows / 2**20:.1f} MiB; all rows together: {net} bytes left allocated after the step")
+assert top.self_cpu_memory_usage >= relu_output          # the activations are among what it saw allocated
+assert net == 0                                           # everything allocated was freed by the step's end
+
+# %% [markdown]
+# The table answers *who allocates*. It does not answer *will it fit*: that is the **peak**, the most alive at
+# one moment, and no column holds it (an activation freed during backward makes room for a gradient, so
+# allocations over a step add up to far more than the peak). On a GPU the caching allocator keeps the peak
+# for you — the plain PyTorch to write:
 #
 # ```python
 # torch.cuda.reset_peak_memory_stats()
@@ -178,8 +216,10 @@ print(hardware_summary())
 # torch.cuda.memory_reserved()                     # what the allocator took from the driver (>= allocated)
 # ```
 #
-# PyTorch's CPU allocator keeps no such statistics, so on CPU the counterpart is `measure_peak_memory`'s
-# tracker: it follows every tensor storage from the operator that creates it until it is freed.
+# PyTorch's CPU allocator keeps no such statistics (no `max_memory_allocated` for the CPU), so on CPU the
+# counterpart is `measure_peak_memory`'s tracker: it follows every tensor storage from the operator that
+# creates it until it is freed. On a GPU the cell below runs the code above by hand, then the tool, and
+# checks they agree.
 
 # %%
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -194,7 +234,6 @@ def make_step(batch_size):
 
 n = 64 if device.type == "cpu" else 256
 make_step(n)                                          # warm-up: the first call also picks kernels (cuDNN)
-report = measure_peak_memory(make_step, n)           # the same, hardened: baseline, CPU counterpart
 if device.type == "cuda":
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -204,10 +243,16 @@ if device.type == "cuda":
     peak_by_hand = torch.cuda.max_memory_allocated() - before
     print(f"by hand (CUDA): peak {peak_by_hand / 2**20:.1f} MiB above the {before / 2**20:.1f} MiB held before; "
           f"the allocator has reserved {torch.cuda.memory_reserved() / 2**20:.1f} MiB from the driver")
-    assert abs(report.peak_bytes - peak_by_hand) <= 0.01 * peak_by_hand
 else:
     print("CPU: no allocator statistics to read by hand; the CPU counterpart is measure_peak_memory's tracker")
+report = measure_peak_memory(make_step, n)           # the same, hardened: baseline, CPU counterpart
 print(report)
+if device.type == "cuda":
+    assert abs(report.peak_bytes - peak_by_hand) <= 0.01 * peak_by_hand
+profiled_peak = measure_peak_memory(cpu_step, 32, device="cpu").peak_bytes
+print(f"the profiled CPU step (batch 32): its allocating rows add up to {allocating_rows / 2**20:.1f} MiB, "
+      f"its peak is {profiled_peak / 2**20:.1f} MiB")
+assert allocating_rows > 1.5 * profiled_peak               # a sum of allocations is not a peak
 parts = estimate_training_memory(model, torch.empty(n, 3, 64, 64, device="meta"), optimizer="sgd")
 print(f"sum of the parts (gradients + activations, the batch among them): "
       f"{(parts.gradients + parts.activations) / 2**20:.1f} MiB")
@@ -676,6 +721,73 @@ torch.testing.assert_close(loss, same_as_cross_entropy)
 
 
 # %% [markdown]
+# ### An empty sequence: a mean over zero elements
+#
+# The mean of nothing is `0 / 0`: PyTorch returns NaN, without a warning.
+
+# %%
+print("torch.empty(0).mean() =", torch.empty(0).mean().item())
+assert torch.empty(0).mean().isnan()
+
+# %% [markdown]
+# It hides in every **masked mean**. A text classifier averages the embeddings of the valid tokens of each
+# sequence (padding masked out). One sequence of the batch has no valid token at all — a review that was
+# empty after cleaning, a crop with no object — and the loss is NaN. Follow the chapter's order: the data
+# first, then the model.
+
+# %%
+class MaskedMeanPool(nn.Module):
+    """(N, T, D) embeddings and an (N, T) bool mask of valid tokens -> (N, D): the mean of the valid tokens."""
+    def forward(self, embedded, mask):
+        summed = (embedded * mask.unsqueeze(-1)).sum(dim=1)
+        return summed / mask.sum(dim=1, keepdim=True)           # 0 / 0 for a sequence with no valid token
+
+class BagOfTokens(nn.Module):
+    def __init__(self, pool):
+        super().__init__()
+        self.embed, self.pool, self.head = nn.Embedding(100, 16), pool, nn.Linear(16, 3)
+
+    def forward(self, tokens, mask):
+        return self.head(self.pool(self.embed(tokens), mask))
+
+seed_everything(0)
+lengths = torch.tensor([7, 3, 0, 5])                              # the third sequence is empty
+text_batch = {"tokens": torch.randint(1, 100, (4, 8)), "mask": torch.arange(8) < lengths[:, None],
+              "labels": torch.tensor([0, 2, 1, 1])}
+classifier = BagOfTokens(MaskedMeanPool())
+loss = F.cross_entropy(classifier(text_batch["tokens"], text_batch["mask"]), text_batch["labels"])
+print("loss:", loss.item())
+print("data:", find_nonfinite(text_batch) or "every tensor in the batch is finite")
+location = locate_nonfinite(classifier, text_batch["tokens"], text_batch["mask"])
+print(location)
+assert loss.isnan() and find_nonfinite(text_batch) == []
+assert location.module_name == "pool" and location.inputs_were_finite
+
+# %% [markdown]
+# The data is finite, the pooling module turned finite inputs into NaN, and only for one row: its mask sums to
+# 0. The fix: divide by at least 1 (an empty sequence then pools to the zero vector), or drop empty sequences
+# in the data pipeline. The non-empty rows must not change:
+
+# %%
+class SafeMaskedMeanPool(nn.Module):
+    def forward(self, embedded, mask):
+        summed = (embedded * mask.unsqueeze(-1)).sum(dim=1)
+        return summed / mask.sum(dim=1, keepdim=True).clamp(min=1)
+
+fixed_classifier = BagOfTokens(SafeMaskedMeanPool())
+fixed_classifier.load_state_dict(classifier.state_dict())
+with torch.no_grad():
+    before = classifier.pool(classifier.embed(text_batch["tokens"]), text_batch["mask"])
+    after = fixed_classifier.pool(fixed_classifier.embed(text_batch["tokens"]), text_batch["mask"])
+loss = F.cross_entropy(fixed_classifier(text_batch["tokens"], text_batch["mask"]), text_batch["labels"])
+print(f"loss after the fix: {loss.item():.4f}; the empty sequence pools to {after[2].abs().max().item()} "
+      f"everywhere; the other rows are unchanged")
+assert torch.isfinite(loss) and locate_nonfinite(fixed_classifier, text_batch["tokens"], text_batch["mask"]) is None
+nonempty = lengths > 0
+assert torch.equal(after[nonempty], before[nonempty]) and torch.equal(after[2], torch.zeros(16))
+
+
+# %% [markdown]
 # ## 6. Numerics
 #
 # **float16 overflow.** The largest float16 is 65504; anything larger becomes `inf`, and the next operation
@@ -725,16 +837,40 @@ assert int(similarity.isnan().sum()) == k and zeros == 2 * k * N - k * k - k
 
 # %% [markdown]
 # The hook shows the Linear outputs are fine (at most a few hundred) and the similarity breaks. Would mixed
-# precision have saved it? `torch.autocast` runs some reductions (`sum`, `norm`, `softmax`, ...) in float32,
-# but matrix multiplications in float16 — and the overflow here is in `z @ z.T`:
+# precision have saved it? `torch.autocast` picks a dtype **per operation**, and the lists differ by device.
+# PyTorch's autocast op reference (the "CUDA Ops that can autocast to float32" and "CPU Ops that can autocast
+# to float32" lists) puts matrix multiplications in the low-precision dtype on both; on CUDA it also runs
+# `sum`, `softmax`, `norm`, `exp`, `log`, `pow` and the losses in float32; on the CPU only a shorter list
+# (losses such as `mse_loss` and `cross_entropy`, some linear algebra) is in float32 — `sum` and `softmax`
+# stay in the low-precision dtype. Ask it, on this notebook's device:
 
 # %%
-embedder.float()
-with torch.no_grad(), torch.autocast(device_type="cpu", dtype=torch.float16):
-    under_autocast = embedder(features)            # a float32 model and input; autocast picks the dtypes
-print(f"under autocast: output {under_autocast.dtype}, {int(under_autocast.isnan().sum())} NaN, "
+amp_device = device.type if device.type in ("cuda", "cpu") else "cpu"       # MPS: the CPU's answer
+a = torch.randn(8, 8, device=amp_device)
+with torch.autocast(device_type=amp_device, dtype=torch.float16):
+    observed = {"a @ a": (a @ a).dtype, "(a @ a).sum()": (a @ a).sum().dtype,
+                "softmax(a @ a)": torch.softmax(a @ a, dim=-1).dtype, "mse_loss(a @ a, a)": F.mse_loss(a @ a, a).dtype}
+for op, dtype in observed.items():
+    print(f"autocast on {amp_device}, float16: {op:20} -> {dtype}")
+# float16 on CPU: PyTorch 2.13 autocasts to float16 there too (bfloat16 is the CPU's default autocast dtype).
+expected = {"cuda": {"a @ a": torch.float16, "(a @ a).sum()": torch.float32, "softmax(a @ a)": torch.float32,
+                     "mse_loss(a @ a, a)": torch.float32},
+            "cpu": {"a @ a": torch.float16, "(a @ a).sum()": torch.float16, "softmax(a @ a)": torch.float16,
+                    "mse_loss(a @ a, a)": torch.float32}}[amp_device]
+assert observed == expected, observed
+
+# %% [markdown]
+# So "autocast keeps reductions in float32" is true on CUDA and false on the CPU. Either way the
+# multiplication `z @ z.T` runs in float16 on both — and that is where this model overflows:
+
+# %%
+embedder.float().to(amp_device)
+with torch.no_grad(), torch.autocast(device_type=amp_device, dtype=torch.float16):
+    under_autocast = embedder(features.to(amp_device))   # a float32 model and input; autocast picks the dtypes
+print(f"under autocast on {amp_device}: output {under_autocast.dtype}, {int(under_autocast.isnan().sum())} NaN, "
       f"{int((under_autocast == 0).sum())} exact zeros")
-assert under_autocast.isnan().any()
+assert under_autocast.dtype == torch.float16 and under_autocast.isnan().any()
+embedder.cpu()
 
 # %% [markdown]
 # Fix the formula, not the dtype: normalise first (`F.normalize`), then multiply — no intermediate
@@ -780,44 +916,149 @@ assert curves["SGD lr=0.1"][-1] < curves["SGD lr=0.1"][0]
 
 
 # %% [markdown]
-# **Exploding gradients.** A 20-layer ReLU network initialised with too large weights. `clip_grad_norm_`
-# returns the total gradient norm *before* clipping — log it, it is the early warning. One SGD step with
-# such a gradient sends the weights to Inf and the loss to NaN; clipping caps the step so training stays
-# finite — a seat belt; the cure is a sane initialisation.
+# **Adam with `lr=0.1`.** A learning rate that suits SGD is far too large for Adam: Adam divides each
+# gradient by its own running scale, so every weight moves by about `lr` per step whatever its gradient —
+# on the very first step almost exactly `lr` (`m / (sqrt(v) + eps) ≈ ±1`). A small classifier (4 ReLU layers
+# of 64), Adam at `lr=0.1` and at its default `lr=1e-3`. The diagnosis to log is the **update-to-weight
+# ratio** `|Δw| / |w|` of each layer (healthy training moves a weight matrix by a small fraction of its norm
+# per step), and, for ReLU networks, the share of units that output 0 for every sample (dead):
 
 # %%
-def deep_net(weight_std=None):
+def train_adam(lr, steps=50):
+    """Returns (losses, largest |Δw|/|w| of a weight matrix on step 1, share of dead units per ReLU at the end)."""
+    seed_everything(0)
+    net = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                        nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+    inputs = torch.randn(512, 10)
+    classes = (inputs[:, 0] * inputs[:, 1] > 0).long() + (inputs[:, 2] > 1).long()     # 3 classes
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    before = [p.detach().clone() for p in net.parameters()]
+    losses = [train_step(net, (inputs, classes), nn.CrossEntropyLoss(), opt)]
+    ratio = max(((p.detach() - b).norm() / b.norm()).item() for p, b in zip(net.parameters(), before) if p.dim() == 2)
+    losses += [train_step(net, (inputs, classes), nn.CrossEntropyLoss(), opt) for _ in range(steps - 1)]
+    dead, h = [], inputs
+    with torch.no_grad():
+        for layer in net:
+            h = layer(h)
+            if isinstance(layer, nn.ReLU):
+                dead.append((h == 0).all(dim=0).float().mean().item())
+    return losses, ratio, dead
+
+adam_runs = {lr: train_adam(lr) for lr in (0.1, 1e-3)}
+plot_losses({f"Adam lr={lr}": run[0] for lr, run in adam_runs.items()}, title="Adam: lr=0.1 against the default 1e-3")
+for lr, (losses, ratio, dead) in adam_runs.items():
+    print(f"Adam lr={lr:<6}: loss {losses[0]:.3f} -> {losses[1]:.3f} after one step -> {losses[-1]:.3f} after "
+          f"{len(losses)}; step 1 moved a weight matrix by {ratio:.1%} of its norm; dead ReLU units per layer "
+          f"{', '.join(f'{d:.0%}' for d in dead)}")
+(big_losses, big_ratio, big_dead), (ok_losses, ok_ratio, ok_dead) = adam_runs[0.1], adam_runs[1e-3]
+assert big_losses[1] > 5 * big_losses[0] and max(ok_losses) <= ok_losses[0]    # one step and the loss jumps
+assert big_ratio > 0.5 and ok_ratio < 0.05                                      # updates as big as the weights
+assert max(big_dead) > 0.5 > max(ok_dead)                                      # most units of a layer died
+assert big_losses[-1] > ok_losses[-1]                                          # and it never caught up
+
+# %% [markdown]
+# No inf and no NaN, so nothing stops the run: after one step at `lr=0.1` the loss is many times its start,
+# the first update moved a weight matrix by more than its own norm, and most units of a layer now output 0
+# for every sample — dead ReLUs, which never recover (their gradient is 0). The loss then creeps down with
+# what is left and stays above the run at `lr=1e-3`. The fix is the learning rate (Adam's default `1e-3`,
+# or a warm-up that starts small). Clipping the gradient does not shrink Adam's first step: `m / sqrt(v)` is
+# the same for a gradient `g` and for a clipped `c * g`.
+
+
+# %% [markdown]
+# **Exploding gradients.** A 20-layer ReLU network initialised with too large weights (`std=0.5`).
+# `clip_grad_norm_` returns the total gradient norm *before* clipping — log it, it is the early warning.
+# One SGD step with such a gradient sends the weights to Inf and the loss to NaN; clipping caps the step
+# so training stays finite — a seat belt, not a cure:
+
+# %%
+def deep_net(init="default"):
+    """20 x (Linear(32, 32) + ReLU) + Linear(32, 1); init: "std=0.5", "default" (PyTorch's) or "kaiming"."""
     seed_everything(0)
     layers = []
     for _ in range(20):
         linear = nn.Linear(32, 32)
-        if weight_std is not None:
-            nn.init.normal_(linear.weight, std=weight_std)       # too large for 20 layers
+        if init == "std=0.5":
+            nn.init.normal_(linear.weight, std=0.5)                  # too large for 20 layers
+        elif init == "kaiming":
+            nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")   # std = sqrt(2 / fan_in)
+            nn.init.zeros_(linear.bias)
         layers += [linear, nn.ReLU()]
     return nn.Sequential(*layers, nn.Linear(32, 1))
 
-X, Y = torch.randn(64, 32), torch.randn(64, 1)
+seed_everything(1)
+X = torch.randn(64, 32)
+Y = X[:, :4].sum(dim=1, keepdim=True)          # a target the input explains: a dead network cannot learn it
 norms = {}
-for label, net in (("std=0.5 init", deep_net(weight_std=0.5)), ("default init", deep_net())):
+for init in ("std=0.5", "default"):
+    net = deep_net(init)
     F.mse_loss(net(X), Y).backward()
-    norms[label] = nn.utils.clip_grad_norm_(net.parameters(), max_norm=1.0).item()
-    print(f"{label}: gradient norm before clipping {norms[label]:.3g}")
+    norms[init] = nn.utils.clip_grad_norm_(net.parameters(), max_norm=1.0).item()
+    print(f"init {init:8}: gradient norm before clipping {norms[init]:.3g}")
 
 def train_deep(net, max_norm=None, steps=20):
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     return [train_step(net, (X, Y), nn.MSELoss(), opt, max_norm=max_norm) for _ in range(steps)]
 
-exploding = train_deep(deep_net(weight_std=0.5))
-clipped = train_deep(deep_net(weight_std=0.5), max_norm=1.0)
-default_init = train_deep(deep_net())
-print(f"no clipping: losses {exploding[:3]} ...")
-print(f"clipped:     {clipped[0]:.3g} -> {clipped[-1]:.3g}")
-print(f"default init, no clipping: {default_init[0]:.3g} -> {default_init[-1]:.3g}, "
-      f"largest loss on the way {max(default_init):.3g}")
-assert norms["std=0.5 init"] > 1e12 * norms["default init"]
-assert not all(map(torch.isfinite, map(torch.tensor, exploding)))
-assert all(map(torch.isfinite, map(torch.tensor, clipped))) and clipped[-1] < clipped[0]
-assert all(map(torch.isfinite, map(torch.tensor, default_init))) and max(default_init) <= default_init[0]
+exploding = train_deep(deep_net("std=0.5"))
+clipped = train_deep(deep_net("std=0.5"), max_norm=1.0)
+print(f"std=0.5, no clipping: losses {', '.join(f'{v:.3g}' for v in exploding[:4])} ...")
+print(f"std=0.5, clipped:     {clipped[0]:.3g} -> {clipped[-1]:.3g} (finite, and still huge)")
+assert norms["std=0.5"] > 1e6 * norms["default"]
+assert not all(math.isfinite(v) for v in exploding)
+assert all(math.isfinite(v) for v in clipped) and clipped[-1] < clipped[0]
+assert clipped[-1] > 1e3 * Y.var().item()             # clipping kept it finite; it did not make it learn
+
+# %% [markdown]
+# Is PyTorch's default initialisation the cure, then? Look at what reaches each layer: the standard deviation
+# of each layer's output **across the batch** (per feature, averaged) says how much of the input is still
+# there. A forward pass layer by layer, for three initialisations:
+
+# %%
+def activation_std_per_layer(net, x):
+    """Std across the batch of each ReLU's output (and of the final output), averaged over features."""
+    stds = []
+    with torch.no_grad():
+        for layer in net:
+            x = layer(x)
+            if not isinstance(layer, nn.Linear) or layer is net[-1]:
+                stds.append(x.std(dim=0).mean().item())
+    return stds
+
+inits = ("std=0.5", "default", "kaiming")
+spread = {init: activation_std_per_layer(deep_net(init), X) for init in inits}
+fig, ax = plt.subplots(figsize=(7, 3))
+for init, stds in spread.items():
+    ax.semilogy(range(1, len(stds) + 1), stds, marker=".", label=f"init {init}")
+ax.set_xlabel("layer (20 ReLUs, then the output)")
+ax.set_ylabel("std across the batch")
+ax.set_title("20-layer ReLU network: what reaches each layer")
+ax.legend()
+plt.show()
+for init, stds in spread.items():
+    print(f"init {init:8}: std after layer 1 {stds[0]:.2g}, after layer 10 {stds[9]:.2g}, "
+          f"output {stds[-1]:.2g}")
+assert spread["std=0.5"][-1] > 1e3 * spread["std=0.5"][0]        # explodes: orders of magnitude up
+assert spread["default"][-1] < 1e-6 * spread["default"][0]        # vanishes: the output ignores the input
+assert all(0.1 < s / spread["kaiming"][0] < 10 for s in spread["kaiming"])   # holds within 10x at every layer
+
+# %% [markdown]
+# PyTorch's default for `nn.Linear` is `kaiming_uniform_(a=sqrt(5))`: weights of std `1/sqrt(3 * fan_in)`.
+# Each ReLU layer then multiplies the signal's variance by `fan_in * Var(w) / 2 = 1/6`, so after 20 layers
+# the output's std across the batch is about 1e-8 of the input's — the network computes the same number
+# for every input (what the biases make). It is finite, so no NaN warns you; the loss just does not fall.
+# **Kaiming (He) initialisation** is the cure for ReLU networks: std `sqrt(2 / fan_in)` keeps that factor
+# at 1 (`nn.init.kaiming_normal_(w, nonlinearity="relu")`). Train the dead and the Kaiming network, same
+# data, same SGD:
+
+# %%
+trained = {init: train_deep(deep_net(init), steps=60) for init in ("default", "kaiming")}
+constant_guess = F.mse_loss(Y.mean().expand_as(Y), Y).item()      # the best loss without looking at X
+for init, losses in trained.items():
+    print(f"init {init:8}: loss {losses[0]:.3f} -> {losses[-1]:.3f} in 60 steps")
+print(f"predicting the mean of Y for every input: loss {constant_guess:.3f}")
+assert trained["default"][-1] > 0.95 * constant_guess            # dead: no better than ignoring the input
+assert trained["kaiming"][-1] < 0.7 * constant_guess             # learns from the input
 
 
 # %% [markdown]
@@ -975,7 +1216,8 @@ assert restored == {"plain": [0.0, 0.0], "buffer": [3.0, -1.0]}
 # **Exercise 1 — a validation loop that runs out of memory (there are 2 bugs).** `validation_losses` should
 # return the loss of every batch and their mean, as Python floats. Its memory must not grow with the number
 # of batches, and since validation never calls `backward()`, autograd must save nothing while it runs. The
-# check measures its peak memory for 2 and for 6 batches, and counts what autograd saves.
+# check measures its peak memory for 2 and for 6 batches, counts what autograd saves, and checks the numbers
+# for other counts and sizes of batches than those.
 
 # %%
 @exercise
@@ -990,35 +1232,39 @@ def validation_losses(model, batches):
 check_validation_losses(validation_losses)
 
 # %% [markdown]
-# **Exercise 2 — a dataset that yields NaN (there are 2 bugs).** `sensor_dataset` wraps readings `(N, 4)`
-# in which a missing value is NaN and one sensor never moves. Each sample must be its row with missing
-# values replaced by the column mean, standardised per column — and always finite.
+# **Exercise 2 — loudness of audio clips, NaN and -inf (there are 2 bugs).** Another dataset, the same
+# family of failures as §4 and §5. `clip_loudness` wraps audio clips `(N, T)` (T a multiple of 16); sample `i`
+# is clip `i`'s loudness per frame of 16 samples, in decibels, after scaling the clip to a peak amplitude of 1:
+# `10 * log10(mean(frame²))`. Some recordings hold silence: a frame's energy is floored at `1e-10` (-100 dB),
+# and a clip that is entirely silent stays all zeros (all its frames at -100 dB). Every sample must be finite.
+# The check uses clips of two lengths, with silence in other places than any you may test with.
 
 # %%
 @exercise
-def sensor_dataset(readings):
-    class SensorRows(Dataset):
-        def __init__(self, readings):
-            self.mean = readings.mean(dim=0)                                  # per column, (4,)
-            filled = torch.where(torch.isnan(readings), self.mean, readings)  # missing -> column mean
-            self.std = filled.std(dim=0)                                      # per column, (4,)
-            self.rows = filled
+def clip_loudness(clips):
+    class ClipLoudness(Dataset):
+        def __init__(self, clips):
+            self.clips = clips
 
         def __len__(self):
-            return len(self.rows)
+            return len(self.clips)
 
         def __getitem__(self, index):
-            return (self.rows[index] - self.mean) / self.std
+            clip = self.clips[index]
+            clip = clip / clip.abs().max()                             # peak amplitude 1
+            energy = clip.unfold(0, 16, 16).pow(2).mean(dim=-1)        # (T // 16,) frames of 16 samples
+            return 10 * torch.log10(energy)                            # dB
 
-    return SensorRows(readings)
+    return ClipLoudness(clips)
 
 
-check_sensor_dataset(sensor_dataset)
+check_clip_loudness(clip_loudness)
 
 # %% [markdown]
 # **Exercise 3 — RMS normalisation in float16 (there is 1 bug).** `rms_normalise` takes float16 activations
 # `x` of shape `(N, D)` and returns `x / sqrt(mean(x²) + 1e-6)` (mean over `D`) in float16. It works for
-# small activations; the check also gives it activations of a few hundred.
+# small activations; the check also gives it activations of a few hundred, of a few thousand, and tiny ones.
+# (This is the float16 overflow of §6 in another layer, the normalisation of many transformers.)
 
 # %%
 @exercise
@@ -1032,10 +1278,12 @@ check_rms_normalise(rms_normalise)
 # %% [markdown]
 # **Exercise 4 — everything on one device (there are 2 bugs).** `mean_kept_output` moves `model` and `batch`
 # (a dict: `"x"` of shape `(N, D)`, `"keep"` a boolean mask of shape `(N,)`) to `device` and returns the
-# mean model output over the kept rows, a 0-dim tensor on `device`. On the CPU it gives the right number; the
-# check also runs it on another device: CUDA if you have one; without a GPU, a stand-in that keeps real values
-# on the CPU, reports the `meta` device and, like CUDA, refuses to combine its tensors with CPU tensors (so
-# boolean masks and `.item()` work there, as on a GPU).
+# mean model output over the kept rows, a 0-dim tensor on `device` — **computed there**. On the CPU it gives
+# the right number; the check also runs it on another device, with batches of other sizes: CUDA if you have
+# one; without a GPU, a stand-in that keeps real values on the CPU, reports the `meta` device and, like CUDA,
+# refuses to combine its tensors with CPU tensors (so boolean masks and `.item()` work there, as on a GPU).
+# It records the device of every operation your function runs, so computing on the CPU and moving only the
+# result does not pass.
 
 # %%
 @exercise
@@ -1056,36 +1304,56 @@ check_mean_kept_output(mean_kept_output)
 # - Estimate before you run: parameters + gradients + optimizer state (Adam: 2×) + the activations a pack hook
 #   counts on `meta` (`estimate_training_memory`); the **peak** is more than that sum (working memory in
 #   backward and in `step()`): simulate the step (`estimate.simulated`, `max_batch_size_by_simulation`) and
-#   measure to check (`reset_peak_memory_stats` + `max_memory_allocated` on a GPU, `measure_peak_memory`
-#   anywhere); keep a margin.
+#   measure to check.
+# - Measure with PyTorch's own tools first: `torch.profiler.profile(profile_memory=True)` says **which ops
+#   allocate** (the `CPU Mem` / `CUDA Mem` columns), not the peak; on a GPU `reset_peak_memory_stats` +
+#   `max_memory_allocated` give the peak; on CPU there is no such counter (`measure_peak_memory` tracks it).
 # - Catch the OOM, free memory **outside** the `except` block (`gc.collect()`, `empty_cache()`), retry
 #   smaller; `find_max_batch_size` does it with a binary search and a 10 % margin. Try
 #   `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` when much memory is reserved but unallocated.
 # - Log `loss.item()`; evaluate under `no_grad` / `inference_mode`; `empty_cache()` lowers
 #   `memory_reserved`, never what you still reference.
 # - NaN: check the **data** (`torch.isfinite`, `find_nonfinite`), then the **model** (a forward hook,
-#   `locate_nonfinite`), then the **numerics**: float16 overflows past 65504 (autocast keeps matmuls in
-#   float16), learning rate, the gradient norm `clip_grad_norm_` returns, initialisation, `detect_anomaly`.
+#   `locate_nonfinite`), then the **numerics**: float16 overflows past 65504; a mean over zero elements
+#   (an empty sequence in a masked mean) is NaN — divide by `count.clamp(min=1)`; `detect_anomaly` for backward.
+# - Autocast picks a dtype per op **and per device**: matmuls in float16/bfloat16 everywhere; `sum`,
+#   `softmax`, `norm` in float32 on CUDA only — on the CPU they stay in the low precision. Ask it (`.dtype`).
+# - Initialisation: a deep ReLU network needs **Kaiming (He)** init (`kaiming_normal_(w, nonlinearity="relu")`);
+#   too large explodes, PyTorch's default `nn.Linear` init makes 20 layers output the same value for every
+#   input. Plot the per-layer activation std (log scale) to see which. Clipping (`clip_grad_norm_`, whose
+#   return value is the norm to log) keeps training finite; it does not fix the initialisation.
+# - Learning rate: SGD too high goes to inf then NaN; Adam too high (`lr=0.1`) jumps after one step and
+#   kills ReLUs without any inf — watch `|Δw| / |w|` per step (`lr=1e-3` is Adam's default for a reason).
 # - Devices: print `.device` of parameters, inputs and targets (`check_devices` does all of them); `x.to(device)`
-#   returns a new tensor — assign it; create tensors with `device=`; constants are buffers.
-# - Small CPU models on a busy laptop: measure 1 thread against the default before trusting either.
+#   returns a new tensor — assign it; create tensors with `device=`; constants are buffers. Compute where the
+#   data is: moving the result at the end hides work done on the CPU.
+# - Small CPU models on a busy laptop: measure 1 thread against the default (interleaved, `compare_speed`)
+#   before trusting either.
 #
 # ## Troubleshooting by symptom
-# | You see | Likely cause | Section |
+# | You see | Likely cause | Where this chapter shows it |
 # |---|---|---|
-# | `torch.OutOfMemoryError: CUDA out of memory` on the first step | batch too large: estimate or simulate, then `find_max_batch_size` | 1, 2 |
-# | `RuntimeError: [enforce fail at alloc_cpu.cpp...] DefaultCPUAllocator: can't allocate memory` | the same on CPU: the batch does not fit in RAM | 2 |
-# | `cuDNN error: ... unable to find an engine`, `CUBLAS_STATUS_ALLOC_FAILED` | out of memory in disguise: treat as an OOM | 2 |
-# | OOM message: "reserved but unallocated memory is large" | fragmentation: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` | 2 |
-# | OOM after many steps, memory growing every step | a tensor (loss, output) kept in a list or a running sum | 3 |
-# | loss is `nan` from the first step | NaN/Inf in the data: `find_nonfinite(batch)` | 4 |
-# | loss is `inf`/`nan` with large logits | `log(softmax(x))` by hand: use `F.cross_entropy` | 5 |
-# | `nan`, or similarities exactly 0, only in float16 / mixed precision | a value past 65504 (a sum of squares, a dot product): reorder, or compute it in float32 | 6 |
-# | loss grows step after step, then `inf`, then `nan` | learning rate too high, or exploding gradients (a huge norm from `clip_grad_norm_`): lower lr, clip | 6 |
-# | a layer's weights barely change, no NaN | saturated activations from a bad initialisation: compare per-layer gradient norms | 6 |
-# | `RuntimeError: Function 'XBackward0' returned nan values` | `detect_anomaly` found the backward op | 6 |
-# | `Expected all tensors to be on the same device` | model, input, target or a tensor created without `device=` elsewhere: `check_devices` | 7 |
-# | a constant stays on the CPU / is missing from the checkpoint | plain tensor attribute: `register_buffer` | 8 |
+# | `torch.OutOfMemoryError: CUDA out of memory` on the first step | batch too large: estimate or simulate, then `find_max_batch_size` | §1 (estimate, simulation), §2 |
+# | `RuntimeError: [enforce fail at alloc_cpu.cpp...] DefaultCPUAllocator: can't allocate memory` | the same on CPU: the batch does not fit in RAM | §2, the capped CPU cell |
+# | `cuDNN error: ... unable to find an engine`, `CUBLAS_STATUS_ALLOC_FAILED` | out of memory in disguise: treat as an OOM | §2, `first_batch_that_fits` |
+# | OOM message: "reserved but unallocated memory is large" | fragmentation: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` | §2 |
+# | profiler memory columns add up to far more than the GPU has | the table sums allocations per op, not what is alive at once: read the peak (`max_memory_allocated`) | §1, the profiler cell |
+# | OOM after many steps, memory growing every step | a tensor (loss, output) kept in a list or a running sum | §3 |
+# | `empty_cache()` changes nothing | the memory is still referenced: drop the reference first | §3 |
+# | loss is `nan` from the first step | NaN/Inf in the data: `find_nonfinite(batch)` | §4 |
+# | loss is `inf`/`nan` with large logits | `log(softmax(x))` by hand: use `F.cross_entropy` | §5 |
+# | `-inf`, then `nan`, after a `log` | the log of 0 (a silent frame, a probability that underflowed): floor it, or use the stable form (`log_softmax`) | §5, exercise 2 |
+# | loss `nan` only for some batches, data finite | a mean over zero elements: an empty sequence in a masked mean | §5, "An empty sequence" |
+# | `nan`, or similarities exactly 0, only in float16 / mixed precision | a value past 65504 (a sum of squares, a dot product): reorder, or compute it in float32 | §6 (float16, autocast) |
+# | a reduction is float16 under autocast on CPU, float32 on GPU | autocast's op lists differ per device | §6, the autocast dtype cell |
+# | loss grows step after step, then `inf`, then `nan` | learning rate too high (SGD), or exploding gradients (a huge norm from `clip_grad_norm_`): lower lr, clip | §6 (learning rate, exploding gradients) |
+# | Adam: loss jumps after the first step, then crawls, no NaN | lr too high for Adam (`lr=0.1`): `|Δw|/|w|` near 1, dead ReLUs | §6, "Adam with lr=0.1" |
+# | deep ReLU network: loss stays at "predict the mean", output identical for all inputs | default init vanishes over depth: Kaiming init | §6, the three initialisations |
+# | a layer's weights barely change, no NaN | saturated activations from a bad initialisation: compare per-layer gradient norms | §6, saturated sigmoids |
+# | `RuntimeError: Function 'XBackward0' returned nan values` | `detect_anomaly` found the backward op | §6 |
+# | `Expected all tensors to be on the same device` | model, input, target or a tensor created without `device=`: `check_devices` | §7 |
+# | `Tensor on device meta is not on the expected device cpu!` | the same mismatch, with the `meta` device | §7 |
+# | a constant stays on the CPU / is missing from the checkpoint | plain tensor attribute: `register_buffer` | §8 |
 
 # %%
 print(progress(chapter=3))

@@ -3,11 +3,9 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from course_utils.exercises import reference
-from course_utils.memory import (check_memory_estimate, check_validation_losses, cpu_memory_cap,
+from course_utils.memory import (check_memory_estimate, cpu_memory_cap,
                                  estimate_training_memory, find_max_batch_size, measure_peak_memory,
                                  saved_activation_bytes)
 from course_utils.models import SmallConvNet, TransformerBlock, mlp
@@ -238,37 +236,3 @@ def test_cpu_memory_cap_causes_a_real_allocator_error_and_is_lifted():
     with pytest.raises(ValueError, match="positive"):
         with cpu_memory_cap(0):
             pass
-
-
-# --- exercise: validation_losses ------------------------------------------------------------
-
-def _validation_losses_with(keep_tensors, record_graph):
-    """The shipped loop with each planted bug fixed or left: losses kept as tensors; autograd recording."""
-    def fn(model, batches):
-        losses = []
-        with torch.set_grad_enabled(record_graph):
-            for inputs, targets in batches:
-                loss = F.mse_loss(model(inputs), targets)
-                losses.append(loss if keep_tensors else loss.item())
-        return losses, sum(losses) / len(losses)
-    return fn
-
-
-def test_validation_losses_reference_passes_and_each_planted_bug_is_rejected(learner):
-    assert check_validation_losses(reference("validation_losses"))
-    assert check_validation_losses(_validation_losses_with(keep_tensors=False, record_graph=False))
-    shipped = check_validation_losses(_validation_losses_with(keep_tensors=True, record_graph=True))
-    assert not shipped and "memory grows by 128.5 KiB per batch" in str(shipped)
-    assert "float" not in str(shipped)                        # the first observation alone, not the spec
-    tensors_kept = check_validation_losses(_validation_losses_with(keep_tensors=True, record_graph=False))
-    assert not tensors_kept and "losses of type Tensor and a mean of type Tensor" in str(tensors_kept)
-    graph_recorded = check_validation_losses(_validation_losses_with(keep_tensors=False, record_graph=True))
-    assert not graph_recorded and "autograd saved 273.0 KiB of tensors for a backward pass" in str(graph_recorded)
-
-
-def test_validation_losses_reports_not_attempted_and_exceptions(learner):
-    assert "not attempted" in str(check_validation_losses(lambda model, batches: None))
-
-    def broken(model, batches):
-        raise KeyError("oops")
-    assert "your function raised KeyError" in str(check_validation_losses(broken))
