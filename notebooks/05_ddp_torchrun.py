@@ -29,7 +29,7 @@
 # Each `torchrun` launch starts fresh Python processes that import torch (about 1.5 s each on a 2-core
 # CPU), and the launches make up nearly all of the *Run All* time.
 #
-# **Run All:** 44 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 75 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import json
@@ -297,7 +297,8 @@ assert torch.equal(torch.cat([t.flatten() for t in saved.values()]).cpu(), weigh
 # %% [markdown]
 # **The global batch.** Each step averages the gradients of `nproc` per-rank batches of 8, so one optimizer
 # step consumes up to `8 × nproc` samples: each rank gets a share of the 48 samples (padded to equal shares
-# when `nproc` does not divide 48) and takes fewer steps than one process's 6. With gradient accumulation
+# when `nproc` does not divide 48) and takes fewer steps per epoch than one process's 6 (the logs above count
+# both epochs: 2 × 3 = 6 for each of 2 ranks, against 12 for one process). With gradient accumulation
 # (section 9) multiply by the number of micro-batches per step too. That product — per-rank batch × world size ×
 # accumulation steps — is the batch size your learning rate sees, so the script logs it once, from rank 0,
 # at start; a run's log then says what it trained with, whatever the number of devices. The logs confirm it:
@@ -470,7 +471,8 @@ dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))     # rank 0 name
 dist.destroy_process_group()
 
 # %%
-hung = launch_torchrun(str(runs / "uneven.py"), 2, log_dir=runs / "hang", timeout_s=120, echo=False, check=False)
+hung = launch_torchrun(str(runs / "uneven.py"), 2, log_dir=runs / "hang", timeout_s=120, echo=False, check=False,
+                      torchrun_args=("--standalone", "--monitor-interval=1"))   # (why: below)
 last_error = {}                              # each rank's error: the last line of its traceback
 for line in hung.output.splitlines():
     if line.startswith("[rank") and "Error: " in line:
@@ -487,7 +489,9 @@ assert "Rank 1 failed to pass monitoredBarrier" in last_error["[rank0]"]
 # waiting for. (It times out because rank 0 is still alive, waiting in `monitored_barrier`; had rank 0 simply
 # exited, rank 1 would get `Connection closed by peer` instead, the other symptom in the table at the end.)
 # Rank 0's error names the culprit: rank 1 never reached the `monitored_barrier`. Rank 0 reports it as soon as
-# rank 1 dies; the `10000 ms` in its message is the limit it was given, not the time it waited. Put
+# rank 1 dies; the `10000 ms` in its message is the limit it was given, not the time it waited. (That same
+# moment torchrun sees rank 1 gone and stops rank 0; `--monitor-interval=1` makes torchrun look once a second
+# instead of ten times, so rank 0 has the time to print its error first.) Put
 # `monitored_barrier` just before the collective you suspect; it is slow (rank 0 checks in with every rank one
 # by one), so it is a debugging tool, not something to leave in every step. `launch_torchrun` with its default
 # `check=True` raises `TorchrunFailed` quoting the traceback of the rank that failed first — usually rank 1's
@@ -762,7 +766,8 @@ else:
 # script resumes: it must load its last checkpoint (model, optimizer, step) and produce the same batches for
 # a given step. The script below does that, with gradient accumulation (2 micro-batches per step, `no_sync()`
 # on the first) and its global batch logged. Rank 1 kills itself with SIGKILL — nothing to catch, as with the
-# OOM killer — at step 5 of the first attempt; the last checkpoint is step 4's.
+# OOM killer — after 5 completed steps of the first attempt, so the last checkpoint is the one written after
+# 4 steps, and the fifth step (`step == 4`, counting from 0) is done again after the restart.
 
 # %%
 # %%writefile artifacts/ch5/resume_ddp.py
@@ -795,7 +800,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)    # momentum: state to restore
     step, checkpoint = 0, f"{log_dir}/checkpoint.pt"
     if os.path.exists(checkpoint):                                            # resume
-        state = torch.load(checkpoint, weights_only=True)
+        state = torch.load(checkpoint, weights_only=True, map_location="cpu")   # on GPUs: each rank's own device
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
@@ -803,6 +808,7 @@ def main():
     resumed_from = step
     while step < STEPS:
         if attempt == 0 and rank == 1 and step == DIES_AT:
+            open(f"{log_dir}/killed_at_step_{step}", "w").close()             # (for the notebook's assert)
             os.kill(os.getpid(), signal.SIGKILL)                              # a worker dies, no cleanup
         optimizer.zero_grad()
         for micro in range(ACCUMULATION):
@@ -830,20 +836,21 @@ if __name__ == "__main__":
 resumed = launch_torchrun(str(runs / "resume_ddp.py"), 2, log_dir=runs / "resume", timeout_s=180, echo=False,
                           torchrun_args=("--standalone", "--max-restarts=1"),
                           env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})   # a fresh store per attempt: see below
-for line in resumed.output.splitlines():          # rank 0's lines, and torchrun's report of the dead worker
+for line in resumed.output.splitlines():          # the ranks' lines, and torchrun's report of a failed worker
     if line.startswith(("attempt", "rank")) or "exitcode" in line:
         print(re.sub(r"^\S+ \S+ \d+ \S+\] (.*) of binary: .*", r"torchrun: \1", line))
 print(resumed, {log["rank"]: (log["attempt"], log["resumed_from"], log["final_step"]) for log in resumed.logs})
-assert "(exitcode: -9) local_rank: 1" in resumed.output               # rank 1 was SIGKILLed, torchrun saw it
-assert [log["attempt"] for log in resumed.logs] == [1, 1]            # the logs come from the restarted group
-assert [log["resumed_from"] for log in resumed.logs] == [4, 4]       # step 4's checkpoint; step 5's work redone
+assert (runs / "resume" / "killed_at_step_5").exists()               # rank 1 killed itself after 5 steps...
+assert [log["attempt"] for log in resumed.logs] == [1, 1]            # ...and the logs come from the restarted group
+assert [log["resumed_from"] for log in resumed.logs] == [4, 4]       # the checkpoint after 4 steps; the 5th redone
 assert [log["final_step"] for log in resumed.logs] == [8, 8]
 assert "global batch 16 = 4 per rank x 2 ranks x 2 accumulation steps" in resumed.output
 
 # %% [markdown]
 # Did the restart lose or repeat anything? DDP with equal shards averages the ranks' gradients, and the
 # accumulation divides by 2, so each step is one SGD step on the mean loss over its 16 samples. The same 8
-# steps in this process, without any failure, must give the same weights:
+# steps in this process, without any failure, must give the same weights, up to float rounding (two ranks add
+# their gradients in another order than one process does):
 
 # %%
 resume_script = runpy.run_path(str(runs / "resume_ddp.py"))           # its batch() and constants, not main()
@@ -864,7 +871,7 @@ assert resumed.logs[0]["weights"] == resumed.logs[1]["weights"]
 # %% [markdown]
 # Three things made that work, and each is a classic way for it not to: the checkpoint holds the optimizer
 # (SGD's momentum here) and the step, not only the weights; the data of a step depends on the step only, so
-# the redone step 5 sees the same batches (with a `DataLoader`, that means `sampler.set_epoch(epoch)` and
+# the redone fifth step sees the same batches (with a `DataLoader`, that means `sampler.set_epoch(epoch)` and
 # skipping the batches already done — or `torchdata`'s `StatefulDataLoader`, whose `state_dict()` holds the
 # position inside the epoch); and rank 0 writes the checkpoint to a temporary file and renames it, so a death
 # *during* a save leaves the previous checkpoint intact. One more, from torch itself: by default the restarted
@@ -905,7 +912,7 @@ check_epoch_shards(epoch_shards)
 # **Exercise 2 — saving once (there are 2 bugs).** Every rank calls `save_checkpoint_once` with its own
 # `rank`, all at the same time; `barrier()` is a real barrier (it waits for every rank). Afterwards the file
 # must hold the model's whole `state_dict`, have been written once, and no rank may leave its last `barrier()`
-# before the file is complete. The check runs it on 2 and on 3 ranks, with a model that has buffers.
+# before the file is complete. The check runs it on 2 and on 3 ranks.
 
 # %%
 @exercise
@@ -940,7 +947,7 @@ check_accumulate_no_sync(accumulate_no_sync)
 # **Exercise 4 — contiguous evaluation shards (write it).** Section 6's shards take every `world_size`-th
 # sample. Here the validation set is stored in order in files (or is one long text whose metric needs
 # neighbouring samples together), so each rank must evaluate **one contiguous block** of indices. Return rank
-# `rank`'s block so that, over all ranks, each of the `n_samples` samples is evaluated exactly once and no rank
+# `rank`'s block, as a list (or `range`) of sample indices, so that, over all ranks, each of the `n_samples` samples is evaluated exactly once and no rank
 # gets more than one sample more than another (the ranks wait for the slowest). The check tries world sizes
 # and dataset sizes the chapter did not use, including fewer samples than ranks.
 
@@ -984,7 +991,7 @@ check_eval_shard(eval_shard)
 # |---|---|---|
 # | every epoch sees the same batches in the same order | `set_epoch` missing | 3 |
 # | checkpoint written N times | every rank saves | 4 |
-# | a rank loads a missing or stale checkpoint | no `barrier()` after rank 0's save (one before it as well is fine) | 4, exercise 2 |
+# | a rank loads a missing or stale checkpoint | the other ranks went on before rank 0's save was complete | 4 |
 # | augmentation identical on every device | the same seed on every rank | 5 |
 # | validation metric depends on the number of devices | `DistributedSampler` padding in evaluation | 6 |
 # | job idle, then `Timed out waiting ...ms` or `Connection closed by peer` (or a hang with no timeout) | a rank skipped a collective: uneven batches, a collective inside `if rank == 0:` | 7 |
