@@ -22,9 +22,9 @@ from course_utils.exercises.debugging import *  # noqa: F403  (check_* of chapte
 from course_utils.exercises.inference import *  # noqa: F403  (check_* of chapter 6)
 from course_utils.exercises.tensors_autograd import *  # noqa: F403  (check_* of chapter 1)
 from course_utils.explain import Explanation, explain, load_ipython_extension, unload_ipython_extension
-from course_utils.inference import (BenchmarkTable, CompiledModel, OnnxVerification, PrecisionChoice, benchmark,
+from course_utils.inference import (CompiledModel, CompileWatch, OnnxVerification, PrecisionChoice, benchmark,
                                     choose_autocast, count_compilations, export_onnx, onnx_session, try_compile,
-                                    verify_onnx)
+                                    verify_onnx, watch_compiles)
 from course_utils.memory import (EstimateCheck, MemoryEstimate, MemoryReport, check_memory_estimate, cpu_memory_cap,
                                  cuda_memory_cap, estimate_training_memory, find_max_batch_size, measure_peak_memory,
                                  saved_activation_bytes)

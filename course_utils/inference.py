@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import os
 import re
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from io import StringIO
@@ -19,117 +19,34 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils import benchmark as torch_benchmark
 
 from course_utils import _checks
 from course_utils._display import ReadableResult
-from course_utils.environment import cpp_compiler, hardware_summary
-from course_utils.exercises import Verdict, reference_solution, report_check
+from course_utils.environment import cpp_compiler
+from course_utils.timing import SpeedComparison, compare_speed
 
 
 # --- timing --------------------------------------------------------------------------------
 
-@dataclass
-class BenchmarkRow:
-    name: str
-    first_call_s: float   # the first call alone: includes compilation for compiled functions
-    median_s: float       # steady state, after that first call
-    iqr_s: float
-    speedup: float        # median of the first row / this median
-    blocks: int | None = None   # timed blocks behind median and IQR (None: not known)
-
-
-MIN_BLOCKS = 5   # fewer timed blocks than this and an IQR means nothing
-
-
-@dataclass
-class BenchmarkTable(ReadableResult):
-    """Steady-state latency (median and IQR) per variant, its first-call time, and the hardware."""
-
-    rows: list[BenchmarkRow]
-    hardware: str
-    num_threads: int
-
-    def __getitem__(self, name: str) -> BenchmarkRow:
-        return next(row for row in self.rows if row.name == name)
-
-    def verdict(self, name: str, baseline: str | None = None) -> str:
-        """`name` against `baseline` (default: the first row) in words: "1.40x faster", "0.70x the speed
-        (slower)", or "no significant difference" when the medians differ by less than the larger IQR and
-        both timings are stable (IQR at most half the median). "too noisy to tell" instead of a ranking when
-        a row's IQR exceeds its median, when a gap within the IQR comes from a spread-out timing, or when a row
-        has fewer than MIN_BLOCKS timed blocks (its IQR is then meaningless, often 0)."""
-        row, base = self[name], self[baseline] if baseline else self.rows[0]
-        ratio = base.median_s / row.median_s
-        within_iqr = abs(row.median_s - base.median_s) <= max(row.iqr_s, base.iqr_s)
-        few = [r.name for r in (base, row) if r.blocks is not None and r.blocks < MIN_BLOCKS]
-        if few:
-            return (f"too noisy to tell ({ratio:.2f}x, but {' and '.join(few)} ran fewer than {MIN_BLOCKS} timed "
-                    "blocks, too few for an IQR); rerun on an idle machine")
-        noisy = [r.name for r in (base, row) if r.iqr_s > r.median_s]
-        spread = [r.name for r in (base, row) if r.iqr_s > r.median_s / 2]
-        if noisy or (within_iqr and spread):
-            what = (f"the IQR of {' and '.join(noisy)} is larger than its median" if noisy else
-                    f"the gap is within the IQR and the IQR of {' and '.join(spread)} is over half its median")
-            return f"too noisy to tell ({ratio:.2f}x, but {what}); rerun on an idle machine"
-        if within_iqr:
-            return f"no significant difference ({ratio:.2f}x, within the IQR)"
-        return f"{ratio:.2f}x faster" if ratio > 1 else f"{ratio:.2f}x the speed (slower)"
-
-    def __str__(self) -> str:
-        width = max(len(r.name) for r in self.rows)
-        lines = [f"{self.hardware}; timed with torch.utils.benchmark, {self.num_threads} thread(s)",
-                 f"{'variant':<{width}}  {'median':>10}  {'IQR':>9}  {'speed-up':>8}  {'first call':>10}"]
-        lines += [f"{r.name:<{width}}  {r.median_s * 1e3:8.3f} ms  {r.iqr_s * 1e3:6.3f} ms  {r.speedup:7.2f}x"
-                  f"  {r.first_call_s * 1e3:7.1f} ms" for r in self.rows]
-        return "\n".join(lines)
-
-    def plot(self, ax=None, *, title: str = "steady-state latency"):
-        """Horizontal bars of the median latency with IQR error bars (milliseconds)."""
-        import matplotlib.pyplot as plt
-
-        ax = ax or plt.subplots(figsize=(6, 0.5 * len(self.rows) + 1.2))[1]
-        names = [r.name for r in self.rows]
-        ax.barh(names, [r.median_s * 1e3 for r in self.rows], xerr=[r.iqr_s * 1e3 for r in self.rows])
-        ax.invert_yaxis()
-        ax.set(xlabel="milliseconds per call (median, IQR bars)", title=title)
-        return ax
+def benchmark(fns: dict[str, Callable], *inputs: Any, blocks: int = 7, block_s: float = 0.05,
+              warmup_calls: int = 2) -> SpeedComparison:
+    """`compare_speed` for functions that take the same inputs: each `fn(*inputs)` is timed in
+    `blocks` interleaved round-robin blocks (the order rotates), after the same warm-up, with
+    `torch.utils.benchmark` at this process's thread count and CUDA synchronised. The first call of
+    each function is timed on its own (`first_call_s`: compilation shows up there). The result's
+    `verdict(name)` calls a variant faster than the first one only when their spreads (quartile 1 to 3
+    of the blocks) do not overlap; otherwise "no significant difference"."""
+    if not isinstance(fns, dict):
+        raise TypeError(f"fns must be a dict of name -> callable, e.g. {{'eager': model}}, got a {type(fns).__name__}")
+    if not fns:
+        raise ValueError("fns is empty: pass {'name': callable, ...}")
+    return compare_speed({name: functools.partial(fn, *inputs) for name, fn in fns.items()},
+                         blocks=blocks, block_s=block_s, warmup_calls=warmup_calls)
 
 
 def _synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def benchmark(fns: dict[str, Callable], *inputs: Any, min_run_time: float = 0.5) -> BenchmarkTable:
-    """Time each `fn(*inputs)` with `torch.utils.benchmark` and return a table.
-
-    The first call of each function is timed on its own (`first_call_s`: compile time shows up
-    there) and serves as warm-up; then `Timer.blocked_autorange` measures the steady state
-    (median and IQR over many runs, CUDA synchronised) with `num_threads` set to what this
-    process uses — the Timer's own default is one thread, which would understate CPU speed.
-    Speed-ups are relative to the first entry.
-    """
-    if not isinstance(fns, dict):
-        raise TypeError(f"fns must be a dict of name -> callable, e.g. {{'eager': model}}, got a {type(fns).__name__}")
-    if not fns:
-        raise ValueError("fns is empty: pass {'name': callable, ...}")
-    threads = torch.get_num_threads()
-    measured = []
-    for name, fn in fns.items():
-        _synchronize()
-        start = time.perf_counter()
-        fn(*inputs)
-        _synchronize()
-        first = time.perf_counter() - start
-        timer = torch_benchmark.Timer("fn(*inputs)", globals={"fn": fn, "inputs": inputs},
-                                      num_threads=threads, label=name)
-        m = timer.blocked_autorange(min_run_time=min_run_time)
-        measured.append((name, first, m.median, m.iqr, len(m.times)))
-    base = measured[0][2]
-    rows = [BenchmarkRow(name, first, median, iqr, base / median, blocks)
-            for name, first, median, iqr, blocks in measured]
-    return BenchmarkTable(rows, hardware_summary(), threads)
 
 
 # --- precision -----------------------------------------------------------------------------
@@ -235,6 +152,68 @@ def count_compilations(model: nn.Module, inputs: Sequence[torch.Tensor], **compi
     return counter.frame_count
 
 
+@dataclass
+class CompileWatch(ReadableResult):
+    """What Dynamo compiled while a `watch_compiles()` block ran: how many new graphs, and for each
+    recompilation the guard failures that caused it (the `TORCH_LOGS="recompiles"` log)."""
+
+    graphs: int = 0                                    # new graphs compiled inside the block
+    recompiles: list[str] = field(default_factory=list)  # one log message per recompilation
+
+    @property
+    def reasons(self) -> list[str]:
+        """The guard-failure lines, e.g. "0/0: tensor 'x' size mismatch at index 0. expected 32, actual 48"."""
+        return [line.strip()[2:].split("  # ")[0] for message in self.recompiles for line in message.splitlines()
+                if line.strip().startswith("- ")]             # without the source comment Dynamo appends
+
+    def __str__(self) -> str:
+        lines = [f"{self.graphs} graph(s) compiled, {len(self.recompiles)} of them recompilation(s) "
+                 f"(a failed guard on a graph already compiled)"]
+        lines += [f"  recompiled because {reason}" for reason in self.reasons]
+        return "\n".join(lines)
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, messages: list[str]):
+        super().__init__(logging.DEBUG)
+        self.messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def watch_compiles() -> Iterator[CompileWatch]:
+    """Count the graphs Dynamo compiles inside the block (`torch._dynamo.utils.counters["stats"]
+    ["unique_graphs"]`) and collect its recompile log (`torch._logging.set_logs(recompiles=True)`,
+    what `TORCH_LOGS="recompiles"` turns on) into the returned `CompileWatch`, filled in when the
+    block ends. The messages are collected, not printed; torch's logging settings are restored."""
+    from torch._dynamo.utils import counters
+    from torch._logging import _internal as torch_logging
+
+    saved = {key: copy.copy(value) for key, value in vars(torch_logging.log_state).items()}
+    names = torch_logging.log_registry.get_log_qnames()
+    levels = {name: logging.getLogger(name).level for name in names}   # _init_logs resets them: put them back
+    watch = CompileWatch()
+    messages: list[str] = []
+    handler = _ListHandler(messages)
+    before = counters["stats"]["unique_graphs"]
+    torch._logging.set_logs(recompiles=True)
+    logger = logging.getLogger("torch._dynamo.guards.__recompiles")   # the artifact logger set_logs enables
+    logger.addHandler(handler)
+    logger.propagate = False                                          # collected here, not also on stderr
+    try:
+        yield watch
+    finally:
+        logger.removeHandler(handler)
+        vars(torch_logging.log_state).update(saved)
+        torch_logging._init_logs()                                    # what set_logs does after changing the state
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        watch.graphs = counters["stats"]["unique_graphs"] - before
+        watch.recompiles = messages
+
+
 # --- ONNX ----------------------------------------------------------------------------------
 
 @contextmanager
@@ -291,6 +270,13 @@ def export_onnx(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], path
         raise ValueError(f"the exported graph is only valid for batch sizes {bounded}: forward branches on the "
                          "batch size (Python `if` on x.shape), and the exporter kept one branch; move the "
                          "branch to the caller or write it with torch.cond (file not written)")
+    fixed = _static_batch_inputs(path)
+    if dynamic_batch and fixed:
+        path.unlink()
+        raise ValueError(f"the exported file fixes the batch size ({fixed}) although it was asked to keep it "
+                         "dynamic: forward uses the batch size as a Python number (a loop over the rows of x, "
+                         "int(x.shape[0]) ...), so torch.export specialised it and torch.onnx.export applied "
+                         "that as its fix; write forward with batched tensor operations (file not written)")
     onnx.checker.check_model(str(path))
     return path
 
@@ -307,12 +293,28 @@ def _key_line(report: str) -> str:
 def _bounded_dynamic_dims(exported: torch.export.ExportedProgram) -> str:
     """The range of each dynamic dimension with a finite upper bound, e.g. "from 0 to 10", or "".
 
-    When `torch.export` cannot honour a `Dim` (a Python branch on the shape), `torch.onnx.export` falls
-    back to a non-strict trace without an error; the branch taken is then baked in, and the only trace
-    of it is the bounded range left in `range_constraints`."""
+    When `torch.export` cannot honour a `Dim` (a Python branch on the shape), it raises a "Constraints
+    violated" UserError with a suggested fix (`Dim('batch', max=10)`); `torch.onnx.export` catches it,
+    applies the fix with `torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes` and
+    exports again without an error (torch/onnx/_internal/exporter/_capture_strategies.py, torch 2.13).
+    The branch taken is then baked in, and the only trace of it is the bounded range left in
+    `range_constraints` (ONNX Runtime does not enforce it)."""
     ranges = [f"from {r.lower} to {r.upper}" for r in exported.range_constraints.values()
               if not math.isinf(float(r.upper))]
     return ", ".join(ranges)
+
+
+def _static_batch_inputs(path: Path) -> str:
+    """The file's inputs whose dimension 0 is a fixed number instead of a symbol, e.g. "input: [3, 8]", or ""."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    fixed = []
+    for value in graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].dim_param:
+            fixed.append(f"{value.name}: {[d.dim_value if not d.dim_param else d.dim_param for d in dims]}")
+    return ", ".join(fixed)
 
 
 def onnx_session(path: str | Path, *, threads: int | None = None):
@@ -412,279 +414,3 @@ def _ort_key_line(error: Exception) -> str:
     message = " ".join(str(error).split())
     message = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", message)
     return message.replace(" Please fix either the inputs/outputs or the model.", "")
-
-
-# --- exercises -----------------------------------------------------------------------------
-
-def _raised(error: Exception, limit: int = 160) -> str:
-    """The first line of an exception, in the learner's terms."""
-    first = (str(error).strip().splitlines() or [""])[0]
-    return f"your function raised {type(error).__name__}: {first[:limit]}"
-
-
-def _seeded_classifier(seed: int) -> nn.Module:
-    """(N, 8) -> (N, 3), seeded."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-
-
-@reference_solution("export_for_any_batch", chapter=6)
-def _export_for_any_batch(model: nn.Module, path: str) -> None:
-    torch.onnx.export(model, (torch.randn(4, 8),), path, input_names=["input"], output_names=["output"],
-                      dynamic_shapes=({0: torch.export.Dim("batch")},), dynamo=True, external_data=False)
-
-
-def check_export_for_any_batch(fn: Callable) -> Verdict:
-    """Exercise: `fn(model, path)` writes an ONNX file of `model` ((N, 8) -> (N, 3)) that, copied alone to
-    another folder (as to a server), ONNX Runtime runs at batch 1, 5 and 64 with the model's outputs."""
-    import onnxruntime as ort
-
-    model = _seeded_classifier(seed=6).eval()
-    passed, observed = False, None
-    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as server:
-        path = Path(folder) / "model.onnx"
-        try:
-            with _quiet_exporter():
-                returned = fn(model, str(path))
-        except Exception as error:
-            observed = _raised(error)
-        else:
-            if path.exists():
-                shipped = Path(server) / path.name
-                shipped.write_bytes(path.read_bytes())       # only the .onnx file travels
-                try:
-                    session = ort.InferenceSession(str(shipped), providers=["CPUExecutionProvider"])
-                except Exception as error:
-                    side_files = sorted(f.name for f in Path(folder).iterdir() if f != path)
-                    observed = ("copied alone to another folder, model.onnx did not load in ONNX Runtime"
-                                + (f": it looked for {', '.join(side_files)}" if side_files
-                                   else f" ({type(error).__name__})"))
-                else:
-                    observed = _first_batch_mismatch(session, model, batch_sizes=(1, 5, 64), features=8)
-                    passed = observed is None
-            elif returned is not None:               # `...` returns None and writes nothing: not an attempt
-                observed = "no file was written at `path`"
-    return report_check("export_for_any_batch", passed, observed,
-                        ["the check copies only the .onnx file, as a deployment would; look at what else your "
-                         "export wrote next to it",
-                         "compare the input shape ONNX Runtime expects (session.get_inputs()[0].shape) with "
-                         "the shapes you want it to accept: which dimension is the batch?"])
-
-
-def _first_batch_mismatch(session, model: nn.Module, batch_sizes: Sequence[int], features: int) -> str | None:
-    """None if the session matches `model` at every batch size, else what went wrong at the first that did not."""
-    name = session.get_inputs()[0].name
-    generator = torch.Generator().manual_seed(0)
-    for n in batch_sizes:
-        x = torch.randn(n, features, generator=generator)
-        try:
-            got = session.run(None, {name: x.numpy()})
-        except Exception as error:
-            first = (str(error).strip().splitlines() or [""])[0]
-            return (f"ONNX Runtime rejected a batch of {n} (the file expects input shape "
-                    f"{session.get_inputs()[0].shape}): {first[:120]}")
-        with torch.no_grad():
-            want = model(x).numpy()
-        if got[0].shape != want.shape or not np.allclose(got[0], want, rtol=1e-3, atol=1e-4):
-            gap = np.abs(got[0] - want).max() if got[0].shape == want.shape else float("inf")
-            return f"at batch {n} the file's outputs differ from the model's by up to {gap:.3f}"
-    return None
-
-
-class _SoftmaxForLargeBatches(nn.Module):
-    """(N, 8) -> (N, 3): logits for up to 10 samples, probabilities above (a branch on the batch size)."""
-
-    def __init__(self, body: nn.Module):
-        super().__init__()
-        self.body = body
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.body(x)
-        if x.shape[0] > 10:
-            return logits.softmax(-1)
-        return logits
-
-
-@reference_solution("onnx_matches_torch", chapter=6)
-def _onnx_matches_torch(model: nn.Module, path: str) -> bool:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    for n in range(1, 65):
-        x = torch.randn(n, 8)
-        got = session.run(None, {"input": x.numpy()})[0]
-        with torch.no_grad():
-            want = model(x)
-        if not np.allclose(got, want.numpy(), rtol=0, atol=1e-4):
-            return False
-    return True
-
-
-def check_onnx_matches_torch(fn: Callable) -> Verdict:
-    """Exercise: `fn(model, path)` says whether the ONNX file at `path` gives `model`'s outputs (within
-    1e-4) at every batch size from 1 to 64. Asked about a correct file, a file that is wrong above
-    batch 10 (a shape branch baked in at export) and a file whose outputs are off by 0.01."""
-    model = _seeded_classifier(seed=7).eval()
-    branched = _SoftmaxForLargeBatches(model).eval()
-    shifted = copy.deepcopy(model)
-    with torch.no_grad():
-        shifted[-1].bias += 0.01
-    dynamic = ({0: torch.export.Dim("batch")},)
-    cases = [(model, model, True, "a correct file"),
-             (branched, branched, False, "a file whose outputs differ from its model's at some batch sizes"),
-             (model, shifted, False, "a file whose outputs are all 0.01 off its model's")]
-    observed = None
-    with tempfile.TemporaryDirectory() as folder:
-        for index, (truth, exported, expected, what) in enumerate(cases):
-            path = str(Path(folder) / f"case{index}.onnx")
-            with _quiet_exporter():
-                torch.onnx.export(exported, (torch.randn(2, 8),), path, input_names=["input"],
-                                  output_names=["output"], dynamic_shapes=dynamic, dynamo=True, external_data=False)
-            try:
-                answer = fn(truth, path)
-            except Exception as error:
-                observed = _raised(error)
-                break
-            if answer is None:
-                break                       # `...`: not attempted
-            if bool(answer) != expected:
-                observed = f"asked about {what}, it answered {answer!r}"
-                break
-        else:
-            return report_check("onnx_matches_torch", True, None, [])
-    return report_check("onnx_matches_torch", False, observed,
-                        ["which batch sizes does your function actually try? The task says every one from 1 to 64.",
-                         "how far apart may two numbers be and still count as equal under your tolerance?"])
-
-
-@reference_solution("clipped_forward", chapter=6)
-def _clipped_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    h = layer(x)
-    limit = 3 * h.std()
-    return torch.clamp(h, -limit, limit)
-
-
-def check_clipped_forward(fn: Callable) -> Verdict:
-    """Exercise: `fn(layer, x)` returns `layer(x)` clipped to +-3 standard deviations of all its values,
-    (N, D) -> (N, D), and compiles as one graph: `torch.compile(fn, fullgraph=True)` accepts it."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(8)
-        layer, x = nn.Linear(6, 6), torch.randn(32, 6)
-    x[0] *= 40                                         # one outlier row, so the clipping matters
-    want = _clipped_forward(layer, x).detach()
-    passed, observed = False, None
-    try:
-        got = fn(layer, x)
-    except Exception as error:
-        got, observed = None, _raised(error)
-    if got is not None:
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            observed = (f"it returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))}, "
-                        f"expected a tensor {tuple(want.shape)}")
-        elif not torch.allclose(got.detach(), want, rtol=1e-4, atol=1e-5):
-            gap = (got.detach() - want).abs().max().item()
-            observed = f"its outputs differ from clipping at 3 standard deviations by up to {gap:.3f}"
-        else:
-            torch._dynamo.reset()
-            try:
-                torch.compile(fn, fullgraph=True, backend="eager")(layer, x)
-            except Exception as error:
-                message = (str(error).strip().splitlines() or [""])[0]
-                observed = (f"the outputs are right, but torch.compile(fullgraph=True) refused it"
-                            f"{_first_break_line(fn, layer, x)}: {message[:160]}")
-            else:
-                passed = True
-            finally:
-                torch._dynamo.reset()
-    return report_check("clipped_forward", passed, observed,
-                        ["each refusal names one thing Dynamo cannot put in a graph; there may be more than one",
-                         "a Python `if` needs a True or False while tracing, which the values of `h` cannot give; "
-                         "what does clamping do to values that are already inside the limits?"])
-
-
-def _first_break_line(fn: Callable, *args: Any) -> str:
-    """" at `<source line>`" for the first graph break `torch._dynamo.explain` finds in `fn(*args)`, or ""."""
-    torch._dynamo.reset()
-    try:
-        with redirect_stdout(StringIO()):
-            reasons = torch._dynamo.explain(fn)(*args).break_reasons
-    except Exception:
-        return ""
-    finally:
-        torch._dynamo.reset()
-    frames = reasons[0].user_stack if reasons else []
-    return f" at `{frames[-1].line.split('#')[0].strip()}`" if frames and frames[-1].line else ""
-
-
-@reference_solution("count_graph_breaks", chapter=6)
-def _count_graph_breaks(model: nn.Module, x: torch.Tensor) -> tuple[int, list[str]]:
-    explanation = torch._dynamo.explain(model)(x)
-    return explanation.graph_break_count, [reason.user_stack[-1].line for reason in explanation.break_reasons]
-
-
-def _announce(x: torch.Tensor) -> torch.Tensor:
-    print("between layers")                  # a graph break, one call below forward
-    return x
-
-
-class _Breaks(nn.Module):
-    """(N, 4) -> (N, 4) through 3 linear layers, with `breaks` (0 to 2) graph breaks between them: the
-    first inside a helper that forward calls, the second explicit."""
-
-    BREAK_LINES = ('print("between layers")', "torch._dynamo.graph_break()")
-
-    def __init__(self, breaks: int):
-        super().__init__()
-        self.first, self.second, self.third, self.breaks = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), breaks
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.first(x)
-        if self.breaks >= 1:                  # a Python attribute, not a tensor: no break by itself
-            x = _announce(x)
-        x = self.second(x)
-        if self.breaks >= 2:
-            torch._dynamo.graph_break()
-        return self.third(x)
-
-
-def check_count_graph_breaks(fn: Callable) -> Verdict:
-    """Exercise: `fn(model, x)` returns `(count, lines)`: how many graph breaks `torch.compile` meets in
-    `model(x)`, and for each the source line Dynamo could not trace (the innermost frame), in order;
-    tried on models with 2 and 0 breaks."""
-    observed = None
-    for breaks in (2, 0):
-        torch._dynamo.reset()
-        try:
-            with redirect_stdout(StringIO()):
-                answer = fn(_Breaks(breaks).eval(), torch.randn(3, 4))
-        except Exception as error:
-            observed = _raised(error)
-            break
-        finally:
-            torch._dynamo.reset()
-        if answer is None:
-            break                           # `...`: not attempted
-        if not (isinstance(answer, tuple) and len(answer) == 2):
-            observed = f"it returned {answer!r}, not a (count, lines) pair"
-            break
-        count, lines = answer
-        if count != breaks:
-            observed = f"for a model with {breaks} graph break{'s' * (breaks != 1)} it returned the count {count!r}"
-            break
-        named = [str(line).split("#")[0].strip() for line in lines]      # the code, without its comment
-        expected = list(_Breaks.BREAK_LINES[:breaks])
-        if len(named) != len(expected):
-            observed = f"for a model with {breaks} graph breaks it named {len(named)} line(s): {named}"
-            break
-        wrong = [line for line, want in zip(named, expected) if line != want]
-        if wrong:
-            observed = (f"for a model with {breaks} graph breaks it named the lines {named}; `{wrong[0]}` is "
-                        "not a line Dynamo failed to trace")
-            break
-    else:
-        return report_check("count_graph_breaks", True, None, [])
-    return report_check("count_graph_breaks", False, observed,
-                        ["the explanation counts graphs and graph breaks separately: which one was asked for?",
-                         "a break reason's user_stack is a list of frames, outermost first: which frame holds the "
-                         "line that could not be traced?"])
