@@ -121,8 +121,8 @@ def compare_speed(variants: dict[str, Callable[[], Any]], *, blocks: int = 7, bl
     """Time each zero-argument callable in `variants` in `blocks` interleaved rounds.
 
     Every variant first gets `warmup_calls` untimed calls (the first of them timed alone as
-    `first_call_s`); the number of calls per block is then chosen so that one block takes about
-    `block_s` seconds; each round times one block of every variant, rotating the order, in this
+    `first_call_s`); the number of calls per block is then chosen from the slowest of three more calls
+    so that one block takes at most about `block_s` seconds; each round times one block of every variant, rotating the order, in this
     process's thread count.
     """
     if not isinstance(variants, dict) or not variants:
@@ -139,7 +139,10 @@ def compare_speed(variants: dict[str, Callable[[], Any]], *, blocks: int = 7, bl
         first_call[name] = _seconds_per_call(fn, 1)
         for _ in range(warmup_calls - 1):
             fn()
-        calls[name] = max(1, round(block_s / max(_seconds_per_call(fn, 1), 1e-9)))   # one warm call sizes a block
+        # The slowest of three warm calls sizes a block: on a busy machine one quick call would pack a block
+        # with far more calls than `block_s` allows once the machine slows down again.
+        slowest = max(_seconds_per_call(fn, 1) for _ in range(3))
+        calls[name] = max(1, round(block_s / max(slowest, 1e-9)))
     names = list(variants)
     per_call: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(blocks):

@@ -40,14 +40,21 @@ def test_blocks_are_interleaved_in_rotating_order():
     order = []
     variants = {name: (lambda name=name: order.append(name)) for name in "abc"}
     compare_speed(variants, blocks=3, block_s=1e-9, warmup_calls=1)
-    assert order[:6] == ["a", "a", "b", "b", "c", "c"]           # warm-up: the first call, one that sizes a block
-    assert order[6:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # then one call per block, the order rotating
+    assert order[:12] == ["a"] * 4 + ["b"] * 4 + ["c"] * 4       # warm-up: the first call, three that size a block
+    assert order[12:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # then one call per block, the order rotating
 
 
 def test_a_block_makes_exactly_its_calls():
     calls = []
     result = compare_speed({"epoch": lambda: calls.append(1)}, blocks=5, block_s=1e-9, warmup_calls=2)
-    assert len(calls) == 3 + 5 and result.calls_per_block == {"epoch": 1}   # 3 warm-up calls, then 1 per block
+    assert len(calls) == 2 + 3 + 5 and result.calls_per_block == {"epoch": 1}   # warm-up, sizing, 1 per block
+
+
+def test_a_block_is_sized_by_the_slowest_warm_call():
+    durations = iter([0.0, 0.0, 0.001, 0.02, 0.001] + [0.0] * 100)     # one slow call among the sizing calls
+    result = compare_speed({"jittery": lambda: time.sleep(next(durations))}, blocks=5, block_s=0.04,
+                           warmup_calls=2)
+    assert result.calls_per_block["jittery"] <= 2                        # 0.04 s / 0.02 s, not 0.04 s / 0.001 s
 
 
 def test_bad_input_is_named():
