@@ -31,8 +31,8 @@ from course_utils.timing import SpeedComparison, compare_speed
 def benchmark(fns: dict[str, Callable], *inputs: Any, blocks: int = 7, block_s: float = 0.05,
               warmup_calls: int = 2) -> SpeedComparison:
     """`compare_speed` for functions that take the same inputs: each `fn(*inputs)` is timed in
-    `blocks` interleaved round-robin blocks (the order rotates), after the same warm-up, with
-    `torch.utils.benchmark` at this process's thread count and CUDA synchronised. The first call of
+    `blocks` interleaved round-robin blocks (the order rotates), after the same warm-up, at this
+    process's thread count and with CUDA synchronised. The first call of
     each function is timed on its own (`first_call_s`: compilation shows up there). The result's
     `verdict(name)` calls a variant faster than the first one only when their spreads (quartile 1 to 3
     of the blocks) do not overlap; otherwise "no significant difference"."""
