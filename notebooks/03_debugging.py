@@ -31,7 +31,7 @@
 # GPU the OOM sections run for real (a capped GPU, a real `torch.OutOfMemoryError`, a memory snapshot); on
 # CPU each has a labelled CPU counterpart (on Linux, a real CPU allocator failure).
 #
-# **Run All:** 11 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 14 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import gc
@@ -158,11 +158,11 @@ print(threads_speed)
 print(f"on this machine now, two threads: {threads_speed.outcome('2 threads', '1 thread')}")
 
 # %% [markdown]
-# Whether a second thread helps depends on the moment. With idle cores it may; with a core taken (the line
-# "idle logical cores" says how many were free), every operation waits for the thread whose core is busy and
-# two threads can be slower than one. The verdict line above is what this machine showed when the stored
-# output was made. So **this notebook** uses one thread from here on, so that *Run All* stays quick on a
-# busy laptop. It is a choice for this notebook, not advice for your training script: there, run this
+# Whether a second thread helps depends on the moment: the verdict line above is what this machine showed
+# when the stored output was made, with the idle cores it printed. With a core taken by another program,
+# every operation waits for the thread whose core is busy, and two threads can then be slower than one. So
+# **this notebook** uses one thread from here on, whatever the verdict: one thread is the setting whose
+# speed does not depend on what else the laptop is doing. It is a choice for this notebook, not advice for your training script: there, run this
 # comparison on your own model and machine.
 
 # %%
@@ -199,7 +199,10 @@ net = sum(op.self_cpu_memory_usage for op in ops)
 allocating_rows = sum(op.self_cpu_memory_usage for op in ops if op.self_cpu_memory_usage > 0)
 print(f"largest allocator: {top.key} ({top.self_cpu_memory_usage / 2**20:.1f} MiB); the rows that allocate add up "
       f"to {allocating_rows / 2**20:.1f} MiB; all rows together: {net} bytes left allocated after the step")
-assert top.self_cpu_memory_usage >= relu_output          # the activations are among what it saw allocated
+relu_rows = [op for op in ops if op.key == "aten::clamp_min"]   # relu() is clamp_min(x, 0) on the CPU
+print("(the profiler's \"Mb\" are MiB.) the ReLUs allocated", ", ".join(f"{op.self_cpu_memory_usage / 2**20:.1f} MiB"
+                                                              for op in relu_rows))
+assert relu_rows and relu_rows[0].self_cpu_memory_usage >= relu_output   # the ReLU outputs are among what it saw
 assert net == 0                                           # everything allocated was freed by the step's end
 
 # %% [markdown]
@@ -579,8 +582,9 @@ gc.collect()
 if device.type == "cuda":
     torch.cuda.empty_cache()
 after_del = memory_now()
-for label, (alive, allocated, reserved) in [("holding the list", held), ("after empty_cache()", after_empty_cache),
-                                            ("after del + empty_cache()", after_del)]:
+cuda_only = "" if device.type == "cuda" else " (CUDA only: not called)"
+for label, (alive, allocated, reserved) in [("holding the list", held), ("after empty_cache()" + cuda_only, after_empty_cache),
+                                            ("after del + empty_cache()" + cuda_only, after_del)]:
     cuda_part = f"; allocated {allocated / 2**20:6.1f} MiB, reserved {reserved / 2**20:6.1f} MiB" if reserved else ""
     print(f"{label:26} saved tensors alive {alive / 2**20:6.1f} MiB{cuda_part}")
 assert 0.9 * 4 * one_graph <= held[0] <= 1.1 * 4 * one_graph and after_del[0] == 0    # 4 graphs, then none
@@ -588,8 +592,8 @@ if device.type == "cuda":  # empty_cache returned no held memory; del did, and o
     assert after_empty_cache[1] == held[1] and after_del[1] <= held[1] - 0.9 * held[0]
     assert after_del[2] <= after_empty_cache[2] - 0.5 * held[0]     # whole segments go back to the driver
 else:
-    print("CPU: no cache to empty, so empty_cache() changed nothing here; on a GPU the cell compares "
-          "memory_allocated and memory_reserved")
+    print("CPU: there is no CUDA cache, so empty_cache() was not called; only `del` freed the saved tensors. On a "
+          "GPU the cell compares memory_allocated and memory_reserved")
 
 # %% [markdown]
 # # Part 2 — NaN and Inf, in the order data → model → numerics
@@ -791,8 +795,9 @@ assert torch.equal(after[nonempty], before[nonempty]) and torch.equal(after[2], 
 # ## 6. Numerics
 #
 # **float16 overflow.** The largest float16 is 65504; anything larger becomes `inf`, and the next operation
-# often turns `inf` into NaN (`inf - inf`, `inf / inf`, `0 * inf`). Today this is the most common NaN in
-# mixed-precision training. Here: a cosine similarity written the textbook way, `z @ z.T` divided by the
+# often turns `inf` into NaN (`inf - inf`, `inf / inf`, `0 * inf`). It is a classic NaN of mixed-precision
+# training; the usual defences are bfloat16 (float32's range, where the hardware has it) and, for float16
+# training, `torch.amp.GradScaler`, which skips the steps whose gradients overflowed. Here: a cosine similarity written the textbook way, `z @ z.T` divided by the
 # norms. Its diagonal is `|z|²`, a **sum of 64 squares**: with activations of a few tens it passes 65504,
 # although no single activation comes close.
 
@@ -842,7 +847,8 @@ assert int(similarity.isnan().sum()) == k and zeros == 2 * k * N - k * k - k
 # to float32" lists) puts matrix multiplications in the low-precision dtype on both; on CUDA it also runs
 # `sum`, `softmax`, `norm`, `exp`, `log`, `pow` and the losses in float32; on the CPU only a shorter list
 # (losses such as `mse_loss` and `cross_entropy`, some linear algebra) is in float32 — `sum` and `softmax`
-# stay in the low-precision dtype. Ask it, on this notebook's device:
+# are not cast at all there: they keep their input's dtype, so after a float16 matmul they run in float16.
+# Ask it, on this notebook's device:
 
 # %%
 amp_device = device.type if device.type in ("cuda", "cpu") else "cpu"       # MPS: the CPU's answer
@@ -908,7 +914,8 @@ too_high = curves["SGD lr=1.0"]
 first_inf = too_high.index(float("inf"))
 first_nan = next(i for i, v in enumerate(too_high) if v != v)          # nan is the one value != itself
 print("lr=1.0:", ", ".join(f"{v:.3g}" for v in too_high[:first_nan + 1]))
-print(f"inf from step {first_inf}, nan from step {first_nan} to the end (the weights became inf, and inf - inf = nan)")
+print(f"inf from step {first_inf}, nan from step {first_nan} to the end (the weights grew huge but finite; their "
+      "squared error overflowed float32 to inf, the gradient of that inf is nan, and one step wrote nan into them)")
 print(f"lr=0.1: {curves['SGD lr=0.1'][0]:.3f} -> {curves['SGD lr=0.1'][-1]:.3f}")
 assert too_high[first_inf - 1] > 1e30 * too_high[0]                     # it grew, by 30 orders of magnitude
 assert first_inf < first_nan and all(v != v for v in too_high[first_nan:])
@@ -959,7 +966,8 @@ assert big_losses[-1] > ok_losses[-1]                                          #
 # %% [markdown]
 # No inf and no NaN, so nothing stops the run: after one step at `lr=0.1` the loss is many times its start,
 # the first update moved a weight matrix by more than its own norm, and most units of a layer now output 0
-# for every sample — dead ReLUs, which never recover (their gradient is 0). The loss then creeps down with
+# for every sample — dead ReLUs: their gradient is 0, so they only come back if the layers before them change
+# enough (the healthy run has a few dead units too, in its last layer). The loss then creeps down with
 # what is left and stays above the run at `lr=1e-3`. The fix is the learning rate (Adam's default `1e-3`,
 # or a warm-up that starts small). Clipping the gradient does not shrink Adam's first step: `m / sqrt(v)` is
 # the same for a gradient `g` and for a clipped `c * g`.
@@ -968,7 +976,8 @@ assert big_losses[-1] > ok_losses[-1]                                          #
 # %% [markdown]
 # **Exploding gradients.** A 20-layer ReLU network initialised with too large weights (`std=0.5`).
 # `clip_grad_norm_` returns the total gradient norm *before* clipping — log it, it is the early warning.
-# One SGD step with such a gradient sends the weights to Inf and the loss to NaN; clipping caps the step
+# One SGD step with such a gradient makes the weights huge; the next forward pass overflows, and the loss
+# turns NaN; clipping caps the step
 # so training stays finite — a seat belt, not a cure:
 
 # %%
@@ -1048,10 +1057,22 @@ assert all(0.1 < s / spread["kaiming"][0] < 10 for s in spread["kaiming"])   # h
 # the output's std across the batch is about 1e-8 of the input's — the network computes the same number
 # for every input (what the biases make). It is finite, so no NaN warns you; the loss just does not fall.
 # **Kaiming (He) initialisation** is the cure for ReLU networks: std `sqrt(2 / fan_in)` keeps that factor
-# at 1 (`nn.init.kaiming_normal_(w, nonlinearity="relu")`). Train the dead and the Kaiming network, same
-# data, same SGD:
+# at 1 (`nn.init.kaiming_normal_(w, nonlinearity="relu")`) — for the *size* of the signal, its root mean
+# square, printed below. Its std across the batch still drifts down a few times over 20 layers: deep ReLU
+# stacks make different inputs' representations point more and more the same way (one reason deep networks
+# add normalisation layers and residual connections). Train the dead and the Kaiming network, same data,
+# same SGD:
 
 # %%
+with torch.no_grad():
+    h, kaiming_rms = X, []
+    for layer in deep_net("kaiming"):
+        h = layer(h)
+        if isinstance(layer, nn.ReLU):
+            kaiming_rms.append(h.pow(2).mean().sqrt().item())
+print("Kaiming, root mean square after each ReLU:", ", ".join(f"{r:.2g}" for r in kaiming_rms))
+assert all(0.2 < r < 5 for r in kaiming_rms)                       # the size of the signal holds
+
 trained = {init: train_deep(deep_net(init), steps=60) for init in ("default", "kaiming")}
 constant_guess = F.mse_loss(Y.mean().expand_as(Y), Y).item()      # the best loss without looking at X
 for init, losses in trained.items():
@@ -1342,7 +1363,7 @@ check_mean_kept_output(mean_kept_output)
 # | `empty_cache()` changes nothing | the memory is still referenced: drop the reference first | §3 |
 # | loss is `nan` from the first step | NaN/Inf in the data: `find_nonfinite(batch)` | §4 |
 # | loss is `inf`/`nan` with large logits | `log(softmax(x))` by hand: use `F.cross_entropy` | §5 |
-# | `-inf`, then `nan`, after a `log` | the log of 0 (a silent frame, a probability that underflowed): floor it, or use the stable form (`log_softmax`) | §5, exercise 2 |
+# | `-inf`, then `nan`, after a `log` | the log of 0 (a silent frame, a probability that underflowed): floor it, or use the stable form (`log_softmax`) | §5 |
 # | loss `nan` only for some batches, data finite | a mean over zero elements: an empty sequence in a masked mean | §5, "An empty sequence" |
 # | `nan`, or similarities exactly 0, only in float16 / mixed precision | a value past 65504 (a sum of squares, a dot product): reorder, or compute it in float32 | §6 (float16, autocast) |
 # | a reduction is float16 under autocast on CPU, float32 on GPU | autocast's op lists differ per device | §6, the autocast dtype cell |
