@@ -31,7 +31,7 @@
 # GPU the OOM sections run for real (a capped GPU, a real `torch.OutOfMemoryError`, a memory snapshot); on
 # CPU each has a labelled CPU counterpart (on Linux, a real CPU allocator failure).
 #
-# **Run All:** 14 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 13 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import gc
@@ -914,8 +914,9 @@ too_high = curves["SGD lr=1.0"]
 first_inf = too_high.index(float("inf"))
 first_nan = next(i for i, v in enumerate(too_high) if v != v)          # nan is the one value != itself
 print("lr=1.0:", ", ".join(f"{v:.3g}" for v in too_high[:first_nan + 1]))
-print(f"inf from step {first_inf}, nan from step {first_nan} to the end (the weights grew huge but finite; their "
-      "squared error overflowed float32 to inf, the gradient of that inf is nan, and one step wrote nan into them)")
+print(f"inf from step {first_inf}, nan from step {first_nan} to the end: the weights grew huge but stayed finite; the "
+      "squared error overflowed float32 first (inf) while the gradients still fit; then the backward pass overflowed "
+      "too (inf times 0 is nan), and one step wrote nan into the weights")
 print(f"lr=0.1: {curves['SGD lr=0.1'][0]:.3f} -> {curves['SGD lr=0.1'][-1]:.3f}")
 assert too_high[first_inf - 1] > 1e30 * too_high[0]                     # it grew, by 30 orders of magnitude
 assert first_inf < first_nan and all(v != v for v in too_high[first_nan:])
