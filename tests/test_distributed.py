@@ -156,7 +156,8 @@ def test_the_death_signal_is_set_on_linux_only(monkeypatch):
 @pytest.mark.slow
 def test_extra_environment_reaches_the_workers(tmp_path):
     script = tmp_path / "env.py"
-    script.write_text("import os\nprint('seen', os.environ['RANK'], os.environ.get('COURSE_TEST_VALUE'))\n")
+    # one os.write per worker: the two workers share torchrun's stdout, and print's pieces can interleave
+    script.write_text("import os\nos.write(1, f\"seen {os.environ['RANK']} {os.environ.get('COURSE_TEST_VALUE')}\\n\".encode())\n")
     result = launch_torchrun(str(script), 2, env={"COURSE_TEST_VALUE": "42"}, echo=False)
     assert "seen 0 42" in result.output and "seen 1 42" in result.output
 
