@@ -318,12 +318,19 @@ def _static_batch_inputs(path: Path) -> str:
 
 
 def onnx_session(path: str | Path, *, threads: int | None = None):
-    """An ONNX Runtime CPU session using as many threads as torch does (for fair comparisons)."""
+    """An ONNX Runtime CPU session using as many threads as torch does, whose threads do not spin.
+
+    By default ONNX Runtime's intra-op threads keep spinning on their cores for a while after each run,
+    waiting for the next one ("session.intra_op.allow_spinning", default "1", in ONNX Runtime's
+    "Thread management" documentation); on a machine with few cores they then slow down whatever the
+    process does next — PyTorch included, which makes interleaved timings unfair. Turned off here.
+    """
     import onnxruntime as ort
 
     path = _checks.existing_file(path, "path", "ONNX file (export one with export_onnx)")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -32,7 +32,7 @@
 # headers. On a GPU the same cells time the GPU. Speed-ups this hardware does not give are reported as such,
 # and a comparison a busy machine cannot decide is printed as "no significant difference", never failed.
 #
-# **Run All:** 30 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 29 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -468,6 +468,7 @@ torch.onnx.export(cpu_model, (torch.randn(2, 256),), "artifacts/ch6/static.onnx"
                   external_data=False)   # one file; the default (True) writes the weights to a separate .onnx.data
 options = ort.SessionOptions()
 options.intra_op_num_threads = torch.get_num_threads()       # as many threads as PyTorch, for a fair comparison
+options.add_session_config_entry("session.intra_op.allow_spinning", "0")   # threads that do not spin: section 5
 session = ort.InferenceSession("artifacts/ch6/static.onnx", options, providers=["CPUExecutionProvider"])
 print("input shape in the file:", session.get_inputs()[0].shape)
 with expect_error(Exception, match="Got invalid dimensions for input"):
@@ -762,6 +763,27 @@ with torch.inference_mode():
 # that row also copies GPU -> CPU and runs on the CPU, so it is shown for reference and left out of the
 # verdicts. (`torch._dynamo.reset()` in section 2 dropped the compiled graphs, so the compiled variant
 # compiles again in its warm-up — the first-call column — before any block is timed.)
+#
+# One more like-for-like condition, and a pitfall of its own: after each run ONNX Runtime's threads keep
+# **spinning** on their cores for a while, waiting for the next run (its default,
+# `session.intra_op.allow_spinning = "1"`). In a server that only runs ONNX that saves a wake-up; in a
+# process that does anything else between two runs, on a machine with few cores, the spinning threads take
+# the cores from it. Eager PyTorch timed alone, and interleaved with a spinning ONNX Runtime session:
+
+# %%
+spinning_options = ort.SessionOptions()
+spinning_options.intra_op_num_threads = torch.get_num_threads()          # spinning left at its default
+spinning = ort.InferenceSession(str(dynamic_path), spinning_options, providers=["CPUExecutionProvider"])
+x32 = torch.randn(32, 256, device=device)
+eager_alone = benchmark({"eager": eager, "eager (again)": eager}, x32, block_s=0.03)
+beside_ort = compare_speed({"eager": lambda: eager(x32),
+                            "ONNX Runtime, spinning": lambda: spinning.run(None, {"input": x32.cpu().numpy()})},
+                           block_s=0.03)
+slowdown = beside_ort["eager"].median_s / eager_alone["eager"].median_s
+print(f"eager at batch 32: {eager_alone['eager'].median_s * 1e3:.3f} ms alone, {beside_ort['eager'].median_s * 1e3:.3f} ms "
+      f"between runs of a spinning ONNX Runtime session ({slowdown:.2f}x the time) on {torch.get_num_threads()} threads")
+print("the sessions below (onnx_session) turn spinning off, so the variants do not slow each other down")
+del spinning
 
 # %%
 onnx_run = onnx_session(dynamic_path)
@@ -938,6 +960,7 @@ check_count_graph_breaks(count_graph_breaks)
 # | `Constraints violated (batch)! … Suggested fixes: batch = Dim('batch', max=10)` from `torch.export` | an `if` on `x.shape[0]`; `torch.onnx.export` applies that fix silently | 4, `BatchAware` |
 # | ONNX outputs right for small batches, wrong for large ones | an `if` on `x.shape[0]` baked in at export: verify across batch sizes, `torch.cond` | 4, `BatchAware` and its fixes |
 # | `specialized it to be a constant (3)`, or a file whose batch axis is fixed although you passed `dynamic_shapes` | a Python loop over the batch (`for row in x`), unrolled for the example | 4, "A Python loop at export time" |
+# | PyTorch (or anything else in the process) slower between ONNX Runtime runs, on a machine with few cores | ONNX Runtime's threads spin after each run: `session.intra_op.allow_spinning` "0" | 5 |
 
 # %%
 print(progress(chapter=6))
