@@ -32,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 15 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 4.0 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first

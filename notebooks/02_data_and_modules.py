@@ -31,7 +31,7 @@
 # longer than on Linux with `fork`. On a CUDA GPU the same cells run, and section 2 measures real
 # host-to-device copies.
 #
-# **Run All:** 28 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 15 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import multiprocessing

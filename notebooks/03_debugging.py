@@ -31,7 +31,7 @@
 # GPU the OOM sections run for real (a capped GPU, a real `torch.OutOfMemoryError`, a memory snapshot); on
 # CPU each has a labelled CPU counterpart (on Linux, a real CPU allocator failure).
 #
-# **Run All:** 13 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 12 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import gc

@@ -29,7 +29,7 @@
 # Each `torchrun` launch starts fresh Python processes that import torch (about 1.5 s each on a 2-core
 # CPU), and the launches make up nearly all of the *Run All* time.
 #
-# **Run All:** 75 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 37 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import json

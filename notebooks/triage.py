@@ -20,7 +20,7 @@
 # below, ask its first question, and open the section that reproduces it (each link opens the section in
 # JupyterLab). An error *message* goes to `explain()`, at the bottom of this page.
 #
-# **Run All:** 2.2 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 1.5 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # | You see | Ask first | Where the course reproduces it |
 # |---|---|---|
