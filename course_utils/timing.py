@@ -148,13 +148,15 @@ def compare_speed(variants: dict[str, Callable[[], Any]], *, blocks: int = 7, bl
     for round_index in range(blocks):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            per_call[name].append(_seconds_per_call(variants[name], calls[name]))
+            per_call[name].append(_seconds_per_call(variants[name], calls[name], stop_after_s=3 * block_s))
     timings = {name: VariantTiming(name, per_call[name], first_call[name]) for name in names}
     return SpeedComparison(timings, hardware_summary(), torch.get_num_threads(), calls)
 
 
-def _seconds_per_call(fn: Callable[[], Any], calls: int) -> float:
-    """Mean seconds per call over `calls` back-to-back calls, CUDA synchronised at both ends.
+def _seconds_per_call(fn: Callable[[], Any], calls: int, stop_after_s: float | None = None) -> float:
+    """Mean seconds per call over `calls` back-to-back calls, CUDA synchronised at both ends; the block
+    ends early, after the call that passes `stop_after_s`, so a machine that slows down mid-measurement
+    (another program takes a core) cannot stretch a 0.05 s block into seconds.
 
     Written by hand rather than with `torch.utils.benchmark.Timer.timeit`: that runs max(calls // 100, 2)
     untimed warm-up calls before every block, which triples the cost of a block of one call (a whole
@@ -163,10 +165,14 @@ def _seconds_per_call(fn: Callable[[], Any], calls: int) -> float:
     """
     _synchronize()
     start = time.perf_counter()
-    for _ in range(calls):
+    done = 0
+    while done < calls:
         fn()
+        done += 1
+        if stop_after_s is not None and time.perf_counter() - start > stop_after_s:
+            break
     _synchronize()
-    return (time.perf_counter() - start) / calls
+    return (time.perf_counter() - start) / done
 
 
 def _synchronize() -> None:

@@ -32,7 +32,7 @@
 # headers. On a GPU the same cells time the GPU. Speed-ups this hardware does not give are reported as such,
 # and a comparison a busy machine cannot decide is printed as "no significant difference", never failed.
 #
-# **Run All:** 29 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 35 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy

@@ -57,6 +57,15 @@ def test_a_block_is_sized_by_the_slowest_warm_call():
     assert result.calls_per_block["jittery"] <= 2                        # 0.04 s / 0.02 s, not 0.04 s / 0.001 s
 
 
+def test_a_block_that_overruns_ends_early():
+    durations = iter([0.001] * 5 + [0.02] * 1000)          # warm calls quick, then the machine slows down
+    start = time.perf_counter()
+    result = compare_speed({"slowing": lambda: time.sleep(next(durations))}, blocks=5, block_s=0.01,
+                           warmup_calls=2)
+    assert time.perf_counter() - start < 1.0                    # not 5 blocks x 10 calls x 20 ms
+    assert 0.015 < result["slowing"].median_s < 0.05            # and the time per call is still right
+
+
 def test_bad_input_is_named():
     with pytest.raises(TypeError, match="non-empty dict"):
         compare_speed({})
