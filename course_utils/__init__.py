@@ -33,7 +33,7 @@ from course_utils.memory_simulation import (SimulatedStep, SimulationError, max_
 from course_utils.models import SmallConvNet, TransformerBlock, mlp
 from course_utils.modules import find_unregistered_modules, snapshot, unchanged
 from course_utils.numerics import NonFinite, NonFiniteLocation, find_nonfinite, locate_nonfinite
-from course_utils.pitfalls import capture_process_stderr, expect_error, expect_warning
+from course_utils.pitfalls import capture_process_output, expect_error, expect_warning
 from course_utils.plotting import plot_line_fit, plot_losses
 from course_utils.resume import ResumeProbe, ResumeReport, check_resume
 from course_utils.rng import capture_rng_state, restore_rng_state, seed_everything

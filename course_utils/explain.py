@@ -10,6 +10,12 @@ that real users meet (older releases, wrappers, Windows), searched in the messag
 normalisation (ANSI colour codes, `[rank0]:`-style prefixes, full-width punctuation and line wrapping
 removed). The first matching rule wins, so more specific kinds come first.
 
+A message no rule matches is *placed* by `course_utils.error_origin`: where in PyTorch it was raised (the
+message template of PyTorch's sources it matches, a traceback frame, its own words), and the chapter that
+teaches that part of PyTorch; the explanation then says there is no curated fix, and which placements are
+low-confidence. `benchmarks/explain_heldout.py` measures both layers on messages collected after they were
+written.
+
 What is *not* claimed, on purpose: out-of-memory errors that are not PyTorch's (NumPy's
 `Unable to allocate`, the OS's `Cannot allocate memory`, TensorFlow's `OOM when allocating`), an
 `Address already in use` that does not come from torch.distributed's rendezvous, and CUDA driver
@@ -21,11 +27,13 @@ from __future__ import annotations
 
 import html
 import re
+import traceback
 import unicodedata
 from dataclasses import dataclass
 from urllib.parse import quote
 
 from course_utils._display import ReadableResult
+from course_utils.error_origin import frames, looks_like_pytorch, origin, topic_of, vocabulary_area
 
 CHAPTERS = {1: "01_tensors_autograd.ipynb", 2: "02_data_and_modules.ipynb", 3: "03_debugging.ipynb",
             4: "04_checkpointing.ipynb", 5: "05_ddp_torchrun.ipynb", 6: "06_inference.ipynb"}
@@ -49,8 +57,14 @@ def heading_anchor(heading: str) -> str:
 
 @dataclass(frozen=True)
 class Explanation(ReadableResult):
-    """What a recognised error usually means: causes in the order to check them, the fix, and where the
-    course reproduces it (`section` is the exact heading text in that chapter's notebook)."""
+    """What an error means and where the course teaches it (`section` is the exact heading text in that
+    chapter's notebook).
+
+    A curated explanation (`confidence == "curated"`) gives the causes in the order to check them and the
+    fix, and its chapter reproduces the error (`reproduced`; False when only a GPU can raise it). A
+    *placement* (`confidence` "placed" or "low") is what is known of a PyTorch message no rule covers:
+    `origin` says where in PyTorch it was raised, `causes` and `fix` are empty, and the chapter is the
+    one that teaches that part of PyTorch; "low" when that part is broad (any layer, any tensor op)."""
 
     id: str
     title: str
@@ -58,6 +72,10 @@ class Explanation(ReadableResult):
     fix: str
     chapter: int
     section: str
+    reproduced: bool = True
+    confidence: str = "curated"
+    origin: str = ""
+    docs: str = ""
 
     @property
     def notebook(self) -> str:
@@ -80,18 +98,48 @@ class Explanation(ReadableResult):
         """URL path of the section relative to the JupyterLab server root (`./course lab` serves `notebooks/`)."""
         return f"/lab/tree/{self.href}"
 
+    def _lines(self) -> list[tuple[str, str]]:
+        """(label, text) lines shared by the text and HTML forms."""
+        where = f"chapter {self.chapter} ({self.notebook}), section \"{self.section}\""
+        if self.confidence == "curated":
+            lines = [("Likely causes, in the order to check them", ""), ("Fix", self.fix)]
+            lines.append(("Reproduced in" if self.reproduced else "Taught in (it needs a GPU to reproduce)", where))
+            return lines
+        lines = [("Where it was raised", self.origin),
+                 ("No curated fix", "no rule of this course knows this message; the chapter below teaches the "
+                                    "part of PyTorch that raised it"),
+                 ("Read", where), ("PyTorch documentation", self.docs)]
+        if self.confidence == "low":
+            lines.append(("Low confidence", "that part of PyTorch is broad: the place alone does not say which "
+                                            "mistake led there, so read the message itself first"))
+        return lines
+
     def __str__(self) -> str:
-        causes = "\n".join(f"  {i}. {cause}" for i, cause in enumerate(self.causes, 1))
-        return (f"course_utils.explain: {self.title} [{self.id}]\nLikely causes, in the order to check them:\n"
-                f"{causes}\nFix: {self.fix}\nReproduced in chapter {self.chapter} ({self.notebook}), "
-                f"section \"{self.section}\": {self.link}")
+        out = [f"course_utils.explain: {self.title} [{self.id}]"]
+        for label, text in self._lines():
+            if label.startswith("Likely causes"):
+                out.append(f"{label}:")
+                out += [f"  {i}. {cause}" for i, cause in enumerate(self.causes, 1)]
+            elif label in {"Reproduced in", "Read"} or label.startswith("Taught in"):
+                out.append(f"{label} {text}: {self.link}")
+            else:
+                out.append(f"{label}: {text}")
+        return "\n".join(out)
 
     def _repr_html_(self) -> str:
-        causes = "".join(f"<li>{html.escape(cause)}</li>" for cause in self.causes)
-        return (f"<div><b>course_utils.explain: {html.escape(self.title)}</b> <code>[{self.id}]</code>"
-                f"<br>Likely causes, in the order to check them:<ol>{causes}</ol>Fix: {html.escape(self.fix)}"
-                f"<br>Reproduced in chapter {self.chapter}: <a href=\"{html.escape(self.href, quote=False)}\">"
-                f"{html.escape(self.section)}</a></div>")
+        out = [f"<div><b>course_utils.explain: {html.escape(self.title)}</b> <code>[{self.id}]</code>"]
+        link = f"<a href=\"{html.escape(self.href, quote=False)}\">{html.escape(self.section)}</a>"
+        for label, text in self._lines():
+            if label.startswith("Likely causes"):
+                causes = "".join(f"<li>{html.escape(cause)}</li>" for cause in self.causes)
+                out.append(f"<br>{label}:<ol>{causes}</ol>")
+            elif label in {"Reproduced in", "Read"} or label.startswith("Taught in"):
+                out.append(f"<br>{html.escape(label)} chapter {self.chapter}: {link}")
+            elif label == "PyTorch documentation":
+                out.append(f"<br>{label}: <a href=\"{html.escape(text)}\">{html.escape(text)}</a>")
+            else:
+                out.append(f"<br>{html.escape(label)}: {html.escape(text)}")
+        return "".join(out) + "</div>"
 
 
 @dataclass(frozen=True)
@@ -107,8 +155,9 @@ class Rule:
         return any(re.search(pattern, text, flags=re.IGNORECASE) for pattern in self.patterns)
 
 
-def _rule(id, title, causes, fix, chapter, section, patterns, examples) -> Rule:
-    return Rule(Explanation(id, title, tuple(causes), fix, chapter, section), tuple(patterns), tuple(examples))
+def _rule(id, title, causes, fix, chapter, section, patterns, examples, reproduced=True) -> Rule:
+    return Rule(Explanation(id, title, tuple(causes), fix, chapter, section, reproduced), tuple(patterns),
+                tuple(examples))
 
 
 # The first matching rule wins: driver and compiler problems before what they cause, timeouts before
@@ -128,6 +177,16 @@ RULES: list[Rule] = [
           ["The NVIDIA driver on your system is too old", "Found no NVIDIA driver on your system",
            "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version",
            "AssertionError: Torch not compiled with CUDA enabled"]),
+    _rule("invalid-device-ordinal", "a GPU number that this machine (or this process) does not have",
+          ["cuda:N or set_device(N) with N >= torch.cuda.device_count(): a hard-coded cuda:1 on a one-GPU machine",
+           "CUDA_VISIBLE_DEVICES hides GPUs, so the process sees them renumbered from 0",
+           "more processes per node (torchrun --nproc-per-node, a LOCAL_RANK) than GPUs"],
+          "pick the device once from what exists (get_device(); torch.cuda.device_count()); under torchrun use "
+          "cuda:LOCAL_RANK with --nproc-per-node <= the GPU count",
+          1, "1. Pick the device once; a tensor carries it, and whether autograd tracks it",
+          [r"invalid device ordinal", r"Invalid device id\b", r"device >= 0 && device < num_gpus",
+           r"Invalid device argument"],
+          ["CUDA error: invalid device ordinal"], reproduced=False),
     _rule("device-side-assert", "a CUDA kernel assertion: usually a label or index out of range",
           ["a class label >= the number of outputs (or negative) in cross_entropy / nll_loss",
            "an index >= the embedding's vocabulary size, or a bad gather/index_select index",
@@ -190,9 +249,23 @@ RULES: list[Rule] = [
           5, "10. Several machines, on one machine",
           [r"RendezvousTimeoutError", r"RendezvousConnectionError", r"DistStoreError: Timed out",
            r"Timed out after \d+ seconds waiting for (clients|workers)", r"client socket has (timed out|failed to connect)",
-           r"server socket has failed to (listen|bind)"],
+           r"server socket has failed to (listen|bind)", r"store based barrier"],
           ["RendezvousTimeoutError", "DistStoreError: Timed out after 1801 seconds waiting for clients",
+           "Timed out initializing process group in store based barrier",
            "The server socket has failed to listen on any local network address", "RendezvousConnectionError"]),
+    _rule("ddp-unused-parameters", "DDP waited for gradients that some parameters never received",
+          ["a layer defined in __init__ but not used in forward (an auxiliary head, a branch taken only sometimes)",
+           "part of forward's output does not reach the loss, so its parameters get no gradient",
+           "a parameter used twice through activation checkpointing or a shared module (marked ready twice)"],
+          "remove or use the idle layer, or freeze it (requires_grad_(False)) before wrapping; "
+          "find_unused_parameters=True when the unused set really changes from step to step (it costs a graph "
+          "walk per step); TORCH_DISTRIBUTED_DEBUG=DETAIL names the parameters",
+          5, "A parameter that gets no gradient",
+          [r"Expected to have finished reduction in the prior iteration",
+           r"parameters that were not used in producing (the )?loss", r"Expected to mark a variable ready only once",
+           r"find_unused_parameters=True"],
+          ["Expected to have finished reduction in the prior iteration before starting a new one",
+           "Expected to mark a variable ready only once"]),
     _rule("distributed-launch", "a distributed job failed to start or a rank died",
           ["the script was started with python instead of torchrun, so RANK/WORLD_SIZE are not set",
            "one rank crashed: read the first failure's traceback (Root Cause), not the others' SIGTERM",
@@ -205,6 +278,19 @@ RULES: list[Rule] = [
            r"failed \(exitcode: -?\d+\) local_rank:", r"torchrun exited with code",
            r"Default process group has not been initialized", r"Duplicate GPU detected", r"NCCL error"],
           ["environment variable RANK expected, but not set", "ChildFailedError", "NCCL error"]),
+    _rule("corrupt-checkpoint", "the checkpoint file is truncated or not a checkpoint",
+          ["the save was interrupted (a crash or kill during torch.save) and left half a file",
+           "the download did not finish, or saved an HTML error page under the checkpoint's name (invalid load key, '<')",
+           "the file is a Git LFS pointer (invalid load key, 'v'): the repository was cloned without git lfs pull"],
+          "look at the file's first bytes (head -c 100) and its size; download or save again (git lfs pull for an LFS "
+          "pointer); save_checkpoint writes a temporary file and renames it only when complete",
+          4, "9. Crash safety under a real `SIGKILL`",
+          [r"PytorchStreamReader failed reading (zip archive|file)", r"failed finding central directory",
+           r"unexpected EOF\W.{0,60}?The file might be corrupted", r"storage has wrong size: expected \d+ got \d+",
+           r"invalid load key, ?'(<|v|\\x[0-9a-f]{2}|\W)'", r"Unsupported operand (60|118)\b",
+           r"Ran out of input", r"invalid magic number"],
+          ["PytorchStreamReader failed reading zip archive: failed finding central directory",
+           "UnpicklingError: invalid load key, '<'."]),
     _rule("weights-only-load", "torch.load refused to unpickle the file (weights_only=True)",
           ["the file holds a whole pickled model (torch.save(model)) or another custom object",
            "the file comes from someone else and may run code when unpickled",
@@ -233,14 +319,6 @@ RULES: list[Rule] = [
           [r"Attempting to ?deserializ\w* object on (a )?CUDA device"],
           ["Attempting to deserialize object on a CUDA device",
            "Attempting to deserialize object on CUDA device 1 but torch.cuda.device_count() is 1"]),
-    _rule("corrupt-checkpoint", "the checkpoint file is truncated or not a checkpoint",
-          ["the save was interrupted (a crash or kill during torch.save) and left half a file",
-           "the download did not finish, or saved an HTML error page under the checkpoint's name"],
-          "download or save again; save_checkpoint writes a temporary file and renames it only when complete",
-          4, "9. Crash safety under a real `SIGKILL`",
-          [r"PytorchStreamReader failed reading (zip archive|file)", r"failed finding central directory",
-           r"unexpected EOF\W.{0,60}?The file might be corrupted", r"storage has wrong size: expected \d+ got \d+"],
-          ["PytorchStreamReader failed reading zip archive: failed finding central directory"]),
     _rule("state-dict-mismatch", "state_dict keys or shapes do not match the model",
           ["a 'module.' prefix from DataParallel/DDP or '_orig_mod.' from torch.compile",
            "a different head (number of classes) or a changed architecture",
@@ -253,6 +331,42 @@ RULES: list[Rule] = [
            r"Error\(s\) in loading state_dict"],
           ["Missing key(s) in state_dict", "Unexpected key(s) in state_dict",
            "size mismatch for head.weight: copying a param with shape"]),
+    _rule("dtype-double-long", "a float64 (Double) or integer tensor where another dtype was expected",
+          ["targets or inputs built from NumPy arrive as float64 (Double) while the model is float32",
+           "class labels as floats (or int32) for cross_entropy / nll_loss, which want int64 (Long) indices",
+           "an integer tensor where a float is needed (a regression target, a mask multiplied into a loss)"],
+          "convert where the data enters: torch.from_numpy(a).float() for features and regression targets, "
+          ".long() for class labels; print x.dtype next to x.shape when a loss complains",
+          1, "Dtypes that pair up wrongly",
+          [r"Found dtype (Double|Float|Long|Int|Byte|Bool) but expected (Float|Double|Long|Int)",
+           r"expected target dtype to be Long",
+           r"expected scalar type (Long|Double|Float|Int|Byte|Bool) but found (Float|Double|Long|Int|Byte|Bool|Char|Short)",
+           r"Expected object of scalar type (Long|Double|Float|Int|Byte|Bool) but got scalar type",
+           r"result type \w+ can't be cast to the desired output type (Long|Int|Byte|Bool|Short|Char)",
+           r"Expected floating point type for target with class probabilities",
+           r"\"nll_loss\w*\" not implemented for '(Float|Double|Int)'",
+           r"(mat1|m1) and (mat2|m2) (must )?(to )?have the same dtype, but got:? (Double and Float|Float and Double|"
+           r"double != float|float != double)",
+           r"Input type \(torch\.(cuda\.)?DoubleTensor\) and weight type \(torch\.(cuda\.)?FloatTensor\)"],
+          ["Found dtype Double but expected Float", "expected target dtype to be Long or Byte, but got Float",
+           "expected scalar type Long but found Float"]),
+    _rule("half-not-implemented", "an operation that has no float16 / bfloat16 kernel on this device",
+          ["model.half() (or .bfloat16()) on the CPU, where some kernels exist only in float32",
+           "an operation (linalg, some losses, FFT on the CPU) that has no low-precision kernel on any device"],
+          "keep the weights in float32 and run under torch.autocast, which picks float32 for the operations that "
+          "need it; or run that one operation in float32 (x.float()) and convert back",
+          6, "1. Half precision: `.half()` or `autocast`",
+          [r"not implemented for '(Half|BFloat16|ComplexHalf|Float8\w*)'", r"Low precision dtypes not supported",
+           r"doesn't support tensors of type: (Half|BFloat16)"],
+          ["\"addmm_impl_cpu_\" not implemented for 'Half'", "\"cdist\" not implemented for 'Half'"]),
+    _rule("grad-scaler-fp16-gradients", "GradScaler refuses float16 gradients: the weights themselves are float16",
+          ["model.half() before training: parameters, and so their gradients, are float16",
+           "GradScaler expects float32 weights whose forward runs under autocast"],
+          "keep the model in float32, run the forward pass under torch.autocast(device_type, dtype=torch.float16), "
+          "and keep GradScaler; or train in bfloat16 autocast without a scaler",
+          6, "1. Half precision: `.half()` or `autocast`",
+          [r"Attempting to unscale FP16 gradients"],
+          ["Attempting to unscale FP16 gradients."]),
     _rule("dtype-mismatch", "dtype mismatch between the weights and the inputs (e.g. after .half())",
           ["model.half() (or bfloat16) converted the weights while the inputs are still float32",
            "inputs built from NumPy arrive as float64"],
@@ -274,6 +388,41 @@ RULES: list[Rule] = [
           2, "3. `drop_last` and BatchNorm",
           [r"Expected more than 1 value per channel when training"],
           ["Expected more than 1 value per channel when training"]),
+    _rule("optimizer-empty-params", "the optimizer was given no parameters",
+          ["the model's layers are in a plain Python list (or dict), so model.parameters() finds none",
+           "model.parameters() was consumed before (a generator can be iterated once)",
+           "every parameter was filtered out (requires_grad=False everywhere, a wrong name filter)"],
+          "keep layers in nn.ModuleList / nn.ModuleDict; check sum(p.numel() for p in model.parameters()) > 0 "
+          "before building the optimizer; pass list(model.parameters()) when you use it twice",
+          2, "4. Layers in a plain Python list, a tensor that should be a buffer",
+          [r"optimizer got an empty parameter list", r"got an empty parameter list"],
+          ["optimizer got an empty parameter list"]),
+    _rule("module-before-init", "a layer assigned before nn.Module.__init__() ran",
+          ["super().__init__() is missing from the model's __init__, or comes after the first self.layer = ...",
+           "a subclass overrides __init__ without calling the parent's"],
+          "call super().__init__() as the first line of __init__",
+          2, "4. Layers in a plain Python list, a tensor that should be a buffer",
+          [r"cannot assign (module|parameters?|buffer) before Module\.__init__\(\) call",
+           r"object has no attribute '_(parameters|modules|buffers)'"],
+          ["cannot assign module before Module.__init__() call"]),
+    _rule("layer-input-shape", "a layer got an input of the wrong shape (channels, dimensions or size)",
+          ["images in (N, H, W, C) order, or a single image without its batch dimension, fed to a conv layer that "
+           "wants (N, C, H, W)",
+           "the first layer's in_channels / in_features differ from the data (RGB vs grayscale, a changed crop)",
+           "a reshape or flatten that mixes the batch dimension into the features (view(-1, k) with the wrong k)",
+           "an input smaller than the kernel after the pooling layers"],
+          "write the expected shape at the top of forward and print x.shape before the failing layer; "
+          "permute(0, 3, 1, 2) for channels-last images, unsqueeze(0) for one sample, x.flatten(1) to flatten",
+          2, "The shapes a layer expects",
+          [r"expected input\[[^\]]*\] to have \d+ channels, but got \d+ channels",
+           r"Expected \d+D \(unbatched\) or \d+D \(batched\) input to \w+",
+           r"Expected \d+-dimensional input for \d+-dimensional weight",
+           r"expected \d+D or \d+D input \(got \d+D input\)",
+           r"Expected input batch_size \(\d+\) to match target batch_size \(\d+\)",
+           r"Kernel size can't be greater than actual input size", r"Output size is too small"],
+          ["Given groups=1, weight of size [64, 3, 7, 7], expected input[1, 1, 224, 224] to have 3 channels, but got 1 "
+           "channels instead", "Expected 3D (unbatched) or 4D (batched) input to conv2d",
+           "Expected input batch_size (32) to match target batch_size (64)"]),
     _rule("dataloader-worker", "a DataLoader worker died or could not load the dataset",
           ["the Dataset class is defined in a notebook/__main__ and workers are started with spawn (macOS, Windows)",
            "something the workers need is a local function or lambda, which spawn cannot pickle",
@@ -292,6 +441,18 @@ RULES: list[Rule] = [
           6, "3. ONNX with a dynamic batch axis",
           [r"Got invalid dimensions for input", r"Invalid rank for input"],
           ["INVALID_ARGUMENT : Got invalid dimensions for input"]),
+    _rule("onnx-unsupported-operator", "the ONNX exporter has no translation for an operator",
+          ["the TorchScript-based exporter (dynamo=False) has no ONNX version of this operator at that opset",
+           "the opset is too old for the operator (ONNX adds operators in later opsets)",
+           "a custom autograd Function or C++ extension op with no ONNX translation"],
+          "export with torch.onnx.export(..., dynamo=True) (the default since PyTorch 2.9) and a recent opset; "
+          "otherwise register a translation (custom_translation_table) or rewrite that step with supported ops",
+          6, "An operator the exporter cannot translate",
+          [r"to ONNX opset version \d+ is not supported", r"Unsupported: ONNX export of operator",
+           r"ONNX export failed on \w+, which is not implemented for opset", r"UnsupportedOperatorError",
+           r"No Op registered for \w+ with domain_version", r"Could not find an implementation for \w+",
+           r"No ONNX function found for"],
+          ["Exporting the operator 'aten::fft_rfft' to ONNX opset version 17 is not supported"]),
     _rule("export-data-dependent", "torch.export cannot follow Python control flow that depends on tensor values",
           ["an `if` (or a shape) that depends on a tensor's values (e.g. x.sum() > 0) inside forward"],
           "move the branch to the caller, or write it with torch.cond",
@@ -347,8 +508,25 @@ RULES: list[Rule] = [
           1, "5. Pitfall: forgetting `grad.zero_()`, and other update mistakes",
           [r"modified by an inplace operation"],
           ["one of the variables needed for gradient computation has been modified by an inplace operation"]),
+    _rule("view-inplace", "an in-place change to a view that autograd cannot follow",
+          ["an in-place op on one output of split / unbind / chunk (functions that return several views)",
+           "an in-place op on a view created under no_grad or inside a custom Function, then used with grad"],
+          "use the out-of-place form (torch.cat, torch.stack, x * m) or .clone() the view before changing it",
+          1, "5. Pitfall: forgetting `grad.zero_()`, and other update mistakes",
+          [r"is a view and is being modified inplace", r"is a view and its base or another view of its base has "
+           r"been modified inplace"],
+          ["Output 0 of SplitBackward0 is a view and is being modified inplace"]),
+    _rule("numpy-needs-detach", ".numpy() on a tensor that requires grad, or that lives on the GPU",
+          ["the tensor is part of autograd's graph (a prediction, a parameter): NumPy cannot follow gradients",
+           "the tensor is on a GPU: NumPy reads only CPU memory"],
+          "t.detach().cpu().numpy() (or loss.item() for one number) for logging and plotting",
+          1, "2. What `backward()` fills in",
+          [r"Can't call numpy\(\) on (Tensor|Variable) that requires grad",
+           r"can't convert (cuda|CUDA|mps|xpu)[:\d]* ?(device type )?tensor to numpy"],
+          ["Can't call numpy() on Tensor that requires grad", "can't convert cuda:0 device type tensor to numpy"]),
     _rule("leaf-inplace", "in-place update of a parameter outside torch.no_grad()",
-          ["a manual update w -= lr * w.grad (or w[...] = ...) while autograd is recording"],
+          ["a manual update w -= lr * w.grad (or w[...] = ..., w[0].zero_(), a view of the leaf) while autograd "
+           "is recording"],
           "wrap the update in `with torch.no_grad():`",
           1, "5. Pitfall: forgetting `grad.zero_()`, and other update mistakes",
           [r"leaf Variable that requires grad (is being|has been) used in an in-place operation"],
@@ -421,12 +599,41 @@ def _message(error: BaseException | str) -> str:
 
 
 def explain(error: BaseException | str) -> Explanation | None:
-    """The `Explanation` of an exception (or a pasted message) this course teaches; None if unknown."""
+    """The `Explanation` of an exception (or a pasted message): a curated rule's when one matches, else a
+    placement by where in PyTorch it was raised (`course_utils.error_origin`); None for a message that is
+    not PyTorch's, or comes from a part of PyTorch no chapter teaches."""
     text = normalise(_message(error))
     for rule in RULES:
         if rule.matches(text):
             return rule.explanation
-    return None
+    if isinstance(error, BaseException) and error.__traceback__ is not None:   # its frames say where, too
+        text = normalise("".join(traceback.format_exception(error)))
+    found = origin(text)
+    area = found.area if found else None
+    where = found.describe() if found else ""
+    if (found is None and looks_like_pytorch(text)) or (area is not None and not area.confident):
+        topic = topic_of(text)
+        if topic is not None and topic.chapter is not None and (area is None or area.chapter is not None):
+            where = (f"{where}; its words are about {topic.what}" if where else
+                     f"no PyTorch message matches; its words are about {topic.what}")
+            area = topic
+    if found is None and area is None and looks_like_pytorch(text) and not _raised_outside_pytorch(text):
+        by_words = vocabulary_area(text)
+        if by_words is not None:
+            area, posterior = by_words
+            where = (f"no PyTorch message matches; its words are those PyTorch's own messages use in "
+                     f"{area.what} (probability {posterior:.2f})")
+    if area is None or area.chapter is None:
+        return None
+    return Explanation(f"area-{area.id}", f"an error from {area.what}", (), "", area.chapter, area.section,
+                       reproduced=False, confidence="placed" if area.confident else "low", origin=where,
+                       docs=area.docs)
+
+
+def _raised_outside_pytorch(text: str) -> bool:
+    """The traceback's innermost frame is the user's code or another library's, not PyTorch's."""
+    seen = frames(text)
+    return bool(seen) and seen[-1][0] is None
 
 
 def explanation_by_id(id: str) -> Explanation:

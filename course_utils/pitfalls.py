@@ -88,7 +88,7 @@ def expect_warning(category: type[Warning] = Warning, match: str | None = None) 
 
 @dataclass
 class CapturedText:
-    """Text captured by `capture_process_stderr`, filled in on exit."""
+    """Text captured by `capture_process_output`, filled in on exit."""
 
     text: str = ""
 
@@ -99,18 +99,23 @@ class CapturedText:
 
 
 @contextmanager
-def capture_process_stderr() -> Iterator[CapturedText]:
-    """Capture what is written to file descriptor 2 (by this process and by child processes it
-    starts, such as DataLoader workers), e.g. to show a worker's crash reason in one line."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+def capture_process_output(stream: str = "stderr") -> Iterator[CapturedText]:
+    """Capture what is written to file descriptor 2 ("stderr") or 1 ("stdout") by this process, its C++
+    code and the child processes it starts (DataLoader workers), which Python's `sys.stderr` never sees:
+    e.g. to show a worker's crash reason in one line, or keep a C++ log out of a cell's output."""
+    if stream not in ("stderr", "stdout"):
+        raise ValueError(f"stream must be 'stderr' or 'stdout', got {stream!r}")
+    fd = 2 if stream == "stderr" else 1
+    (sys.stderr if fd == 2 else sys.stdout).flush()
+    saved = os.dup(fd)
     captured = CapturedText()
     with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
+        os.dup2(sink.fileno(), fd)
         try:
             yield captured
         finally:
-            os.dup2(saved, 2)
+            (sys.stderr if fd == 2 else sys.stdout).flush()
+            os.dup2(saved, fd)
             os.close(saved)
             sink.seek(0)
             captured.text = sink.read().decode(errors="replace")

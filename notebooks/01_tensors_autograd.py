@@ -32,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 4.0 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 3.9 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
@@ -177,6 +177,19 @@ except RuntimeError as error:
 with expect_error(RuntimeError, match="does not require grad and does not have a grad_fn"):
     frozen_loss.backward()
 assert (a * 3).pow(2).sum().grad_fn is not None          # outside no_grad the graph is recorded
+
+# %% [markdown]
+# To print or plot a tensor with NumPy, `.numpy()` hands NumPy the tensor's memory. A tensor in autograd's
+# graph (a prediction, a parameter) is refused, because NumPy could not carry its gradient; and NumPy reads
+# only CPU memory. `.detach()` gives the same values without the graph, `.cpu()` copies them to the host:
+
+# %%
+prediction = a * 3                                    # in the graph: requires_grad=True
+with expect_error(RuntimeError, match=r"Can't call numpy\(\) on Tensor that requires grad"):
+    prediction.numpy()
+values = prediction.detach().cpu().numpy()            # the fix, for printing and plotting
+print("prediction.detach().cpu().numpy() =", values, values.dtype)
+torch.testing.assert_close(torch.from_numpy(values), (3 * a.detach()).cpu())
 
 # %% [markdown]
 # ### `backward()` on a non-scalar: which combination of the outputs?
@@ -472,6 +485,22 @@ torch.testing.assert_close(z.grad, 2 * sig * (1 - sig))
 print("out of place: z.grad =", z.grad)
 
 # %% [markdown]
+# A **view** shares its base's memory (`x[0]`, `x.view(...)`, `x.split(...)`), so changing it in place
+# changes the base too. Autograd can follow that for one view, but not for the several views that `split`,
+# `chunk` or `unbind` return at once, and refuses the in-place op right away. The out-of-place form
+# builds a new tensor:
+
+# %%
+z = torch.ones(4, device=device, requires_grad=True)
+first, second = (z * 1).split(2)                      # two views of one tensor
+with expect_error(RuntimeError, match="is a view and is being modified inplace"):
+    first.mul_(2)
+doubled = torch.cat([first * 2, second])              # the fix: a new tensor
+doubled.sum().backward()
+print("out of place: z.grad =", z.grad)
+torch.testing.assert_close(z.grad, torch.tensor([2.0, 2.0, 1.0, 1.0], device=device))
+
+# %% [markdown]
 # ## 6. The dynamic graph: ordinary Python decides the computation
 #
 # The graph is recorded **while** the code runs, so a Python `if` can change it from one call to the
@@ -585,6 +614,35 @@ square = torch.randn(8, 8, device=device)                      # 8 rows: the wro
 wrong, right = square - square.mean(dim=1), square - square.mean(dim=1, keepdim=True)
 print("8 rows without keepdim: no error, largest difference", round((wrong - right).abs().max().item(), 2))
 assert not torch.allclose(wrong, right)
+
+# %% [markdown]
+# ### Dtypes that pair up wrongly
+#
+# Parameters are `float32`. NumPy's default is `float64` ("Double"), and `torch.from_numpy` keeps it. Class
+# labels for `cross_entropy` are `int64` ("Long") indices. Most operations promote a mixed pair without a
+# word (`float32 + float64` gives `float64`), so the error shows up later, in a loss or a layer:
+
+# %%
+targets_from_numpy = torch.from_numpy((x.cpu().numpy() > 0).astype("float64"))      # 0/1 labels, float64
+probabilities = torch.sigmoid(torch.randn(len(x), 1, device=device))                    # float32
+print("probabilities:", probabilities.dtype, "| targets:", targets_from_numpy.dtype)
+with expect_error(RuntimeError, match="Double"):
+    nn.functional.binary_cross_entropy(probabilities, targets_from_numpy.to(device))
+
+logits = torch.randn(4, 3, device=device)                       # 4 samples, 3 classes
+labels_as_floats = torch.tensor([0.0, 2.0, 1.0, 2.0], device=device)
+with expect_error(RuntimeError, match="Long"):
+    nn.functional.cross_entropy(logits, labels_as_floats)
+
+# %% [markdown]
+# The fix is to convert once, where the data enters: `.float()` for features and targets of a regression
+# or a binary loss, `.long()` for class labels. Printing `x.dtype` next to `x.shape` finds the culprit.
+
+# %%
+bce = nn.functional.binary_cross_entropy(probabilities, targets_from_numpy.float().to(device))
+ce = nn.functional.cross_entropy(logits, labels_as_floats.long())
+print(f"with .float() and .long(): binary cross-entropy {bce.item():.3f}, cross-entropy {ce.item():.3f}")
+assert bce.dtype == ce.dtype == torch.float32 and torch.isfinite(bce) and torch.isfinite(ce)
 
 # %% [markdown]
 # ### One forward, one backward: calling `backward()` twice
@@ -913,6 +971,7 @@ check_per_loss_gradients(per_loss_gradients)
 # - The graph is rebuilt every call: print shapes, write them in comments, test every branch. Broadcasting
 #   lines shapes up from the right: keep `(N, 1)` columns as `(N, 1)`, reduce with `keepdim=True`, and test
 #   with a batch size that differs from every other dimension, so a broadcast cannot hide.
+# - Convert dtypes where the data enters: `.float()` for NumPy's float64, `.long()` for class labels.
 #
 # ## Troubleshooting by symptom
 # | You see | Likely cause | Section |
@@ -935,6 +994,9 @@ check_per_loss_gradients(per_loss_gradients)
 # | `RuntimeError: mat1 and mat2 shapes cannot be multiplied` on some batches only | a branch of `forward` with the wrong shapes | 6 |
 # | `RuntimeError: The size of tensor a (8) must match the size of tensor b (5)` | a broadcast that pairs the wrong dimensions (a reduction without `keepdim=True`) | 6 (broadcasting) |
 # | no error, but a flat fit or wrong values when the batch size equals another dimension | a silent broadcast (`(N,)` against `(N, 1)`, or 8 rows against 8 features) | 6 (broadcasting) |
+# | `RuntimeError: Found dtype Double but expected Float`, or `expected target dtype to be Long` | float64 data from NumPy, or class labels stored as floats | 6 (dtypes) |
+# | `RuntimeError: Can't call numpy() on Tensor that requires grad` | a tensor in the graph handed to NumPy: `.detach().cpu().numpy()` | 2 |
+# | `RuntimeError: Output 0 of SplitBackward0 is a view and is being modified inplace` | an in-place op on one of several views (`split`, `chunk`, `unbind`) | 5 |
 
 # %%
 print(progress(chapter=1))

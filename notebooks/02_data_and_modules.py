@@ -31,7 +31,7 @@
 # longer than on Linux with `fork`. On a CUDA GPU the same cells run, and section 2 measures real
 # host-to-device copies.
 #
-# **Run All:** 15 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 14 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import multiprocessing
@@ -50,7 +50,7 @@ from torch.utils import benchmark
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from course_utils import (SmallConvNet, SyntheticImages, capture_process_stderr, check_accumulate_step,
+from course_utils import (SmallConvNet, SyntheticImages, capture_process_output, check_accumulate_step,
                           check_build_normalised_mlp, check_predict_batches, check_train_loop,
                           compare_pinned_copy, compare_speed, evaluate, exercise, expect_error, expect_warning,
                           find_unregistered_modules, fit, get_device, hardware_summary, idle_cores, mlp,
@@ -390,7 +390,7 @@ class NotebookDataset(Dataset):
 context = start_method if start_method in ("spawn", "forkserver") else "spawn"
 print(f"Python {sys.version_info.major}.{sys.version_info.minor} starts workers with {start_method!r} by "
       f"default; reproducing with {context!r}" + (" (forced)" if context != start_method else ""))
-with capture_process_stderr() as terminal, expect_error(RuntimeError, match="exited unexpectedly"):
+with capture_process_output() as terminal, expect_error(RuntimeError, match="exited unexpectedly"):
     for batch in DataLoader(NotebookDataset(), batch_size=4, num_workers=1, multiprocessing_context=context):
         pass
 
@@ -400,7 +400,7 @@ with capture_process_stderr() as terminal, expect_error(RuntimeError, match="exi
 # and macOS a recent `ipykernel` forwards what child processes write there into the running cell, as a red
 # block above the exception; on Windows (and in some other front ends) it appears only in the **terminal
 # or log of the Jupyter server**. Look there when a worker dies. This cell caught it with
-# `capture_process_stderr`, so the stored notebook shows no red block; its last line is printed below. (A
+# `capture_process_output`, so the stored notebook shows no red block; its last line is printed below. (A
 # `forkserver` worker writes where the fork server writes, which that redirect cannot reach.)
 #
 # The usual first move for a failing worker is `num_workers=0`: `__getitem__` then runs in the notebook,
@@ -752,6 +752,50 @@ print("after 20 steps: layers[0] changed:", not torch.equal(model.layers[0].weig
 assert torch.equal(model.layers[0].weight, first_layer) and not torch.equal(model.head.weight, head)
 
 # %% [markdown]
+# With **every** layer in the plain list, the optimizer gets nothing at all, and says so at once. That error
+# is the lucky case of this bug:
+
+# %%
+class AllInAList(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = [nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 1)]   # every layer unregistered
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+with expect_error(ValueError, match="optimizer got an empty parameter list"):
+    torch.optim.SGD(AllInAList().parameters(), lr=0.1)
+registered = nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 1))     # the fix: registered layers
+registered_optimizer = torch.optim.SGD(registered.parameters(), lr=0.1)
+print("nn.Sequential: the optimizer holds", len(registered_optimizer.param_groups[0]["params"]), "tensors")
+assert len(registered_optimizer.param_groups[0]["params"]) == 4
+
+# %% [markdown]
+# Registration happens in `nn.Module.__setattr__`, which needs the bookkeeping `super().__init__()` sets
+# up. A layer assigned before that call is refused:
+
+# %%
+class InitTooLate(nn.Module):
+    def __init__(self):
+        self.head = nn.Linear(10, 1)           # before super().__init__()
+        super().__init__()
+
+with expect_error(AttributeError, match=r"cannot assign module before Module.__init__\(\) call"):
+    InitTooLate()
+
+
+class InitFirst(nn.Module):
+    def __init__(self):
+        super().__init__()                     # the first line of every __init__
+        self.head = nn.Linear(10, 1)
+
+print("super().__init__() first:", [name for name, _ in InitFirst().named_parameters()])
+assert [name for name, _ in InitFirst().named_parameters()] == ["head.weight", "head.bias"]
+
+# %% [markdown]
 # `find_unregistered_modules` is that inspection as a diagnostic: it walks every attribute of the model
 # and its children (lists, tuples and dicts too) and names what PyTorch does not see. `snapshot` and
 # `unchanged` are the clone-and-compare above for every parameter at once, unregistered ones included.
@@ -914,6 +958,32 @@ for residual in (True, False):
         new.fc3.load_state_dict(old.fc3.state_dict())
         torch.testing.assert_close(new(x), old(x), rtol=0, atol=0)
 print("identical outputs on all 6 configurations")
+
+# %% [markdown]
+# ### The shapes a layer expects
+#
+# Each layer checks its input and names what it wanted. `nn.Conv2d` wants `(N, C, H, W)` with
+# `C == in_channels` (one image `(C, H, W)` is accepted too); `nn.Linear` wants the last dimension equal to
+# `in_features`. Two common ways to get it wrong: images in channels-last order `(N, H, W, C)`, as PIL and
+# NumPy give them, and a 5-D tensor from stacking batches that were already batched:
+
+# %%
+conv = nn.Conv2d(3, 8, kernel_size=3)                      # in_channels=3: RGB
+images_hwc = torch.rand(4, 32, 32, 3)                       # (N, H, W, C): channels last
+with expect_error(RuntimeError, match=r"expected input\[4, 32, 32, 3\] to have 3 channels, but got 32 channels"):
+    conv(images_hwc)
+with expect_error(RuntimeError, match=r"Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d"):
+    conv(torch.stack([images_hwc.permute(0, 3, 1, 2)] * 2))   # a batch of batches: (2, 4, 3, 32, 32)
+
+# %% [markdown]
+# The fix: move the channels to dimension 1 once, where the data enters, and write the shapes down in
+# comments as `Refactored` does.
+
+# %%
+images = images_hwc.permute(0, 3, 1, 2)                     # (N, C, H, W) = (4, 3, 32, 32)
+features = conv(images)                                     # (4, 8, 30, 30): 3x3 kernel, no padding
+print("permute(0, 3, 1, 2):", tuple(images.shape), "->", tuple(features.shape))
+assert features.shape == (4, 8, 30, 30)
 
 # %% [markdown]
 # ## 6. The training step, written out
@@ -1429,6 +1499,9 @@ check_predict_batches(predict_batches)
 # | validation much worse than training with BatchNorm, varying between epochs | running statistics skewed by a tiny last batch: `drop_last=True` | 3 |
 # | some weights never change; `state_dict` misses layers or a tensor | layers in a plain list or dict, or built in `forward`; a tensor that should be a buffer | 4 |
 # | in `eval()`, the same input gives different outputs | a layer built inside `forward` (fresh random weights each call) | 4 |
+# | `ValueError: optimizer got an empty parameter list` | every layer in a plain list (or `parameters()` already consumed) | 4 |
+# | `AttributeError: cannot assign module before Module.__init__() call` | `super().__init__()` missing or not first in `__init__` | 4 |
+# | `RuntimeError: ... expected input[4, 32, 32, 3] to have 3 channels, but got 32 channels instead` | channels-last images into a conv (`permute(0, 3, 1, 2)`), or RGB/grayscale mixed up | 5 ("The shapes a layer expects") |
 # | `RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation` | an in-place edit (`x.mul_()`, `relu_()`, `+=`) of a tensor autograd kept; or `optimizer.step()` between the forward pass and `backward()` while old gradients remain | 5, 6 |
 # | the loss does not move at all | `zero_grad()` between `backward()` and `step()`, or `step()` before `backward()` right after `zero_grad()` | 6 |
 # | the same loop ends with other weights than the textbook step; every update carries earlier batches' gradients | `zero_grad()` missing: each `backward()` adds to the last | 6 ("The rule behind the order") |

@@ -32,7 +32,7 @@
 # section 6 and the writers killed in section 9. On a CUDA GPU the training runs on the GPU and section 7
 # saves a real CUDA checkpoint.
 #
-# **Run All:** 13 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 12 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -795,6 +795,35 @@ for kill_at, expected_version in (("mid-write", 1), ("after-save", 2)):
 # files of writers on this host that no longer exist — never one that a live process is still writing
 # (`remove_stale_partials` does it, and says which).
 #
+# A file can also be complete and still not be a checkpoint: a download link that returned an HTML error
+# page, or a Git LFS pointer (a text file of about 130 bytes) from a repository cloned without
+# `git lfs pull`. `torch.load` fails on the first byte, `<` or `v`:
+
+# %%
+import pickle
+import zipfile
+
+html_page, lfs_pointer = artifacts / "downloaded.pt", artifacts / "cloned.pt"
+html_page.write_bytes(b"<!DOCTYPE html><html><head><title>404 Not Found</title></head></html>\n")
+lfs_pointer.write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 16777216\n")
+for path, first_byte in ((html_page, "<"), (lfs_pointer, "v")):
+    with expect_error(pickle.UnpicklingError, match=f"Unsupported operand {ord(first_byte)}"):
+        torch.load(path, weights_only=True)                 # today's default
+    with expect_error(pickle.UnpicklingError, match=f"invalid load key, '{first_byte}'"):
+        torch.load(path, weights_only=False)                # what older PyTorch, and weights_only=False, say
+
+# %% [markdown]
+# Since PyTorch 1.6 `torch.save` writes a zip archive, so `zipfile.is_zipfile` tells a checkpoint from
+# an HTML page, a pointer or a cut-off write, and the first bytes say which it is; the fix is to download
+# again (`git lfs pull` for a pointer):
+
+# %%
+for path in (html_page, lfs_pointer, plain, atomic):
+    print(f"{path.name:15} {path.stat().st_size:>11,} bytes  zip: {zipfile.is_zipfile(path)!s:5}  "
+          f"starts with {path.read_bytes()[:24]!r}")
+assert not any(zipfile.is_zipfile(p) for p in (html_page, lfs_pointer, plain)) and zipfile.is_zipfile(atomic)
+
+# %% [markdown]
 # ## 10. Exercises
 #
 # Three exercises are **real code with planted bugs** (the text says how many); the last one you write.
@@ -920,6 +949,7 @@ check_epoch_batches_from(epoch_batches_from)
 # | `Missing key(s) in state_dict: "bn.running_mean" ...` | buffers (BatchNorm statistics) left out of the checkpoint | 2 |
 # | `size mismatch for head.weight` (also with `strict=False`) | a different head: load the rest by name and shape | 8 |
 # | `PytorchStreamReader failed reading zip archive: failed finding central directory` | a write was interrupted: save with the temp-file recipe (`save_checkpoint`) | 9 |
+# | `UnpicklingError: invalid load key, '<'` (or `Unsupported operand 60`; `'v'` / `118`) | the file is an HTML page (a failed download) or a Git LFS pointer: `zipfile.is_zipfile(path)` is False | 9 |
 # | files `.NAME.HOST.PID.xxxx.partial` beside a checkpoint | a killed writer's temporary file: the next `save_checkpoint`/`load_checkpoint` removes it | 9 |
 
 # %%

@@ -29,7 +29,7 @@
 # Each `torchrun` launch starts fresh Python processes that import torch (about 1.5 s each on a 2-core
 # CPU), and the launches make up nearly all of the *Run All* time.
 #
-# **Run All:** 37 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 36 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import json
@@ -42,6 +42,7 @@ import sys
 import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -52,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 from course_utils import (check_accumulate_no_sync, check_epoch_shards, check_eval_shard,
-                          check_save_checkpoint_once, exercise, explain, free_ports, get_device,
+                          check_save_checkpoint_once, exercise, expect_error, explain, free_ports, get_device,
                           hardware_summary, launch_torchrun, mlp, progress, script_variant, seed_everything)
 
 # %load_ext course_utils
@@ -326,6 +327,63 @@ assert steps_per_epoch < 6
 # (the "linear scaling rule") and ramp it up over the first epochs (warm-up), because the scaled rate
 # diverges early in training. It is a starting point for SGD, not a law: for Adam the square-root rule is
 # the common starting point, and either needs checking on your problem.
+
+# %% [markdown]
+# ### A parameter that gets no gradient
+#
+# During `backward()` DDP averages each parameter's gradient across the ranks as soon as it is ready, and
+# before the next forward it checks that every parameter took part. A layer defined in `__init__` but
+# not used in `forward` (an auxiliary head, a branch for another experiment) never gets a gradient, and the
+# **second** step stops with the error below. The check runs inside each rank, so a process group of one
+# process, created in this kernel, shows it:
+
+# %%
+class WithAnIdleHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head, self.aux_head = nn.Linear(4, 8), nn.Linear(8, 2), nn.Linear(8, 2)
+
+    def forward(self, x):                         # aux_head is never used
+        return self.head(self.body(x).relu())
+
+
+def two_steps(ddp_model):
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        ddp_model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+
+
+@contextmanager
+def one_process_group():
+    """A gloo process group of this kernel alone (world size 1), destroyed on the way out."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+with one_process_group(), expect_error(RuntimeError, match="Expected to have finished reduction in the prior"):
+    two_steps(DistributedDataParallel(WithAnIdleHead()))
+
+# %% [markdown]
+# The fix is to make every parameter DDP tracks take part: use or delete the idle layer, or freeze it
+# (`requires_grad_(False)`; DDP ignores frozen parameters). `find_unused_parameters=True` is for models whose
+# unused set changes from step to step (a branch taken only sometimes): it walks the autograd graph after
+# every forward to find them, which costs time on every step.
+
+# %%
+with one_process_group():
+    frozen = WithAnIdleHead()
+    frozen.aux_head.requires_grad_(False)
+    two_steps(DistributedDataParallel(frozen))
+    searched = DistributedDataParallel(WithAnIdleHead(), find_unused_parameters=True)
+    two_steps(searched)
+print("frozen aux_head: 2 steps; find_unused_parameters=True: 2 steps, aux_head.weight.grad =",
+      searched.module.aux_head.weight.grad)
+assert searched.module.aux_head.weight.grad is None and searched.module.head.weight.grad is not None
 
 # %% [markdown]
 # ## 3. Pitfall: no `sampler.set_epoch(epoch)`
@@ -991,6 +1049,7 @@ check_eval_shard(eval_shard)
 # |---|---|---|
 # | every epoch sees the same batches in the same order | `set_epoch` missing | 3 |
 # | checkpoint written N times | every rank saves | 4 |
+# | `RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one` | a parameter that gets no gradient (a layer not used in `forward`): use, delete or freeze it | 2 ("A parameter that gets no gradient") |
 # | a rank loads a missing or stale checkpoint | the other ranks went on before rank 0's save was complete | 4 |
 # | augmentation identical on every device | the same seed on every rank | 5 |
 # | validation metric depends on the number of devices | `DistributedSampler` padding in evaluation | 6 |

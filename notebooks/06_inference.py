@@ -32,7 +32,7 @@
 # headers. On a GPU the same cells time the GPU. Speed-ups this hardware does not give are reported as such,
 # and a comparison a busy machine cannot decide is printed as "no significant difference", never failed.
 #
-# **Run All:** 35 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 29 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -52,10 +52,11 @@ from torch import nn
 from torch._dynamo.testing import CompileCounter   # a backend that counts the graphs Dynamo hands it
 from torch.export import Dim
 
-from course_utils import (benchmark, check_clipped_forward, check_count_graph_breaks, check_export_for_any_batch,
-                          check_onnx_matches_torch, choose_autocast, compare_speed, count_compilations, doctor, exercise,
-                          expect_error, export_onnx, get_device, hardware_summary, idle_cores, onnx_session,
-                          progress, seed_everything, try_compile, verify_onnx, watch_compiles)
+from course_utils import (benchmark, capture_process_output, check_clipped_forward, check_count_graph_breaks,
+                          check_export_for_any_batch, check_onnx_matches_torch, choose_autocast, compare_speed,
+                          count_compilations, doctor, exercise, expect_error, export_onnx, get_device,
+                          hardware_summary, idle_cores, onnx_session, progress, seed_everything, try_compile,
+                          verify_onnx, watch_compiles)
 
 # %load_ext course_utils
 warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")   # from torch's own pytree code
@@ -112,6 +113,51 @@ print(f"saved weights: {saved_bytes(model) / 2**20:.2f} MiB in float32, "
       f"{saved_bytes(half_model) / 2**20:.2f} MiB after .half()")
 assert half_logits.dtype == torch.float16 and 0 < half_error < 0.01 * span   # rounded, not wrong
 assert 0.45 < saved_bytes(half_model) / saved_bytes(model) < 0.55            # every weight went to 2 bytes
+
+# %% [markdown]
+# A float16 model runs only as far as each of its operations has a float16 kernel on the device. Linear
+# algebra has none (here the Cholesky factor of a covariance, as a Mahalanobis-distance score needs). The fix
+# is to run that one step in float32 and convert its result:
+
+# %%
+covariance = torch.eye(4, device=device) + 0.1                 # symmetric positive definite
+with expect_error((RuntimeError, NotImplementedError), match="not implemented for 'Half'|Low precision dtypes"):
+    torch.linalg.cholesky(covariance.half())
+factor = torch.linalg.cholesky(covariance).half()              # float32 for this step, then float16
+print("cholesky in float32, then .half():", factor.dtype)
+torch.testing.assert_close(factor.float() @ factor.float().T, covariance, atol=2e-3, rtol=0)
+
+# %% [markdown]
+# For **training**, `.half()` has a second trap. float16 gradients underflow to zero, so float16 training
+# multiplies the loss by a large factor before `backward()` (`torch.amp.GradScaler`) and divides the
+# gradients by it before the step. The scaler refuses float16 weights outright:
+
+# %%
+scaler = torch.amp.GradScaler(device.type)
+labels = reference.argmax(-1).clone()                         # clone: a normal tensor, usable by autograd
+train_half = copy.deepcopy(model).half().train()
+optimizer = torch.optim.SGD(train_half.parameters(), lr=0.01)
+scaler.scale(nn.functional.cross_entropy(train_half(batch.half()).float(), labels)).backward()
+with expect_error(ValueError, match="Attempting to unscale FP16 gradients"):
+    scaler.step(optimizer)
+
+# %% [markdown]
+# The fix is the next option below: keep the weights in float32 and run the forward pass under
+# `autocast` in float16; the scaler then works on float32 weights and their float32 gradients:
+
+# %%
+train_fp32 = copy.deepcopy(model).train()
+optimizer = torch.optim.SGD(train_fp32.parameters(), lr=0.01)
+before = train_fp32.net[0].weight.detach().clone()
+with torch.autocast(device_type=device.type, dtype=torch.float16):
+    loss = nn.functional.cross_entropy(train_fp32(batch), labels)
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+print(f"float32 weights, float16 autocast: loss {loss.item():.3f} ({loss.dtype}), one step taken; "
+      f"gradients {train_fp32.net[0].weight.grad.dtype}")
+assert train_fp32.net[0].weight.dtype == train_fp32.net[0].weight.grad.dtype == torch.float32
+assert not torch.equal(before, train_fp32.net[0].weight)
 
 # %% [markdown]
 # **`autocast`.** The weights stay float32; inside the context each operation runs in the reduced type
@@ -521,6 +567,37 @@ verified = verify_onnx(cpu_model, dynamic_path, checks)
 print(verified)
 assert verified.passed and verified.max_abs_error < 1e-4
 assert not verify_onnx(cpu_model, static_path, checks).passed
+
+# %% [markdown]
+# ### An operator the exporter cannot translate
+#
+# Every operator in the model needs an ONNX translation. The older TorchScript-based exporter
+# (`dynamo=False`, which many tutorials still show) lacks some, for example the FFT behind a spectrum
+# feature:
+
+# %%
+class SpectrumFeatures(nn.Module):
+    """(N, 256) signal -> (N, 129) magnitude spectrum."""
+    def forward(self, x):
+        return torch.fft.rfft(x).abs()
+
+spectrum = SpectrumFeatures().eval()
+with warnings.catch_warnings(), capture_process_output("stdout") as exporter_log:   # its C++ graph dump
+    warnings.simplefilter("ignore", DeprecationWarning)      # the old exporter announces its retirement
+    with expect_error(Exception, match="Exporting the operator 'aten::fft_rfft' to ONNX opset version 17"):
+        torch.onnx.export(spectrum, (torch.randn(2, 256),), "artifacts/ch6/spectrum_old.onnx", dynamo=False,
+                          opset_version=17)
+print(f"(the old exporter also dumped its graph, {len(exporter_log.text.splitlines())} lines, on the process's stdout)")
+
+# %% [markdown]
+# The `torch.export`-based exporter (`dynamo=True`, the default since PyTorch 2.9, opset 18 and later)
+# translates it; check the file against PyTorch as for any export:
+
+# %%
+spectrum_path = export_onnx(spectrum, (torch.randn(1, 256),), "artifacts/ch6/spectrum.onnx")
+spectrum_check = verify_onnx(spectrum, spectrum_path, [(torch.randn(n, 256),) for n in (1, 8)])
+print(spectrum_check)
+assert spectrum_check.passed
 
 # %% [markdown]
 # ### Does a static batch axis pay?
@@ -946,6 +1023,8 @@ check_count_graph_breaks(count_graph_breaks)
 # | You see | Likely cause | Where this chapter shows it |
 # |---|---|---|
 # | `RuntimeError: mat1 and mat2 must have the same dtype` | `.half()` model with float32 input: half the input, or use autocast | 1, first cell |
+# | `NotImplementedError: "cholesky_cpu" not implemented for 'Half'` | an operation without a float16 kernel on this device: run it in float32, or use autocast | 1, the Cholesky cell |
+# | `ValueError: Attempting to unscale FP16 gradients.` | `GradScaler` with a `.half()` model: float32 weights under float16 autocast | 1, the GradScaler cells |
 # | autocast or float16 slower than float32 | no fast low-precision units on this device | 1, `benchmark` of the precisions |
 # | one variant "faster" in one cell, slower in the next | timed in separate cells on a shared machine: time them interleaved | 1, the round-robin cell and `benchmark` |
 # | `no significant difference (…, the spreads overlap)` | the difference is smaller than the machine's noise: no speed-up shown | 1, 2 and 5, every comparison |
@@ -955,6 +1034,7 @@ check_count_graph_breaks(count_graph_breaks)
 # | `torch._dynamo.exc.Unsupported` with `fullgraph=True`, or a compiled model barely faster | a graph break: `torch._dynamo.explain` | 2, "Graph breaks" |
 # | `InvalidCxxCompiler` / `C++ compile error` from `torch.compile` | no working compiler: `doctor()`, eager fallback | 2, `try_compile` |
 # | `INVALID_ARGUMENT : Got invalid dimensions for input` in ONNX Runtime | exported without a dynamic batch axis (or on purpose, static) | 3, first cell and "Does a static batch axis pay?" |
+# | `Exporting the operator 'aten::…' to ONNX opset version 17 is not supported` | the old exporter (`dynamo=False`) has no translation: export with `dynamo=True` | 3, "An operator the exporter cannot translate" |
 # | `External data path does not exist` in ONNX Runtime | the weights were written to a separate `.onnx.data` file (the default) that did not travel with the `.onnx` | 3 |
 # | `Could not guard on data-dependent expression` at export | an `if` or a loop count on tensor values in `forward` | 4, `SignGated` and `AddMaxTimes` |
 # | `Constraints violated (batch)! … Suggested fixes: batch = Dim('batch', max=10)` from `torch.export` | an `if` on `x.shape[0]`; `torch.onnx.export` applies that fix silently | 4, `BatchAware` |

@@ -200,6 +200,94 @@ def non_scalar_backward():
     (torch.ones(3, requires_grad=True) * 2).backward()
 
 
+# ---- the errors issue 23 names as the most common on the forums, raised for real ----------------------
+
+def optimizer_without_parameters():
+    class PlainList(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = [nn.Linear(2, 2)]           # a plain list: not registered
+    torch.optim.SGD(PlainList().parameters(), lr=0.1)
+
+
+def module_before_init():
+    class Early(nn.Module):
+        def __init__(self):
+            self.fc = nn.Linear(2, 2)
+            super().__init__()
+    Early()
+
+
+def conv_wrong_channels():
+    nn.Conv2d(3, 8, 3)(torch.ones(2, 1, 8, 8))          # grayscale into an RGB conv
+
+
+def conv_wrong_dimensions():
+    nn.Conv2d(3, 8, 3)(torch.ones(2, 1, 3, 8, 8))
+
+
+def loss_batch_mismatch():
+    nn.functional.cross_entropy(torch.ones(32, 3), torch.zeros(64, dtype=torch.long))
+
+
+def numpy_of_a_tensor_in_the_graph():
+    (torch.ones(2, requires_grad=True) * 2).numpy()
+
+
+def inplace_on_a_split_view():
+    first, _ = (torch.ones(4, requires_grad=True) * 1).split(2)
+    first.mul_(2)
+
+
+def float64_target():
+    nn.functional.binary_cross_entropy(torch.full((4,), 0.5), torch.ones(4, dtype=torch.float64))
+
+
+def float_class_labels():
+    nn.functional.cross_entropy(torch.ones(4, 3), torch.tensor([0.0, 1.0, 2.0, 1.0]))
+
+
+def half_without_a_cpu_kernel():
+    torch.cdist(torch.ones(3, 4).half(), torch.ones(3, 4).half())
+
+
+def grad_scaler_with_half_weights():
+    model = nn.Linear(3, 1).half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(model(torch.ones(2, 3).half()).float().sum()).backward()
+    scaler.step(optimizer)
+
+
+def html_page_as_checkpoint(weights_only):
+    def load():
+        buffer = io.BytesIO(b"<!DOCTYPE html><html><body>404 Not Found</body></html>")
+        torch.load(buffer, weights_only=weights_only)
+    load.__name__ = f"html_page_as_checkpoint_weights_only_{weights_only}"
+    return load
+
+
+def git_lfs_pointer_as_checkpoint():
+    torch.load(io.BytesIO(b"version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n"), weights_only=False)
+
+
+def ddp_with_an_unused_layer():
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.unused_head, self.head = nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.body(x).relu())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = nn.parallel.DistributedDataParallel(TwoHeads())
+        for _ in range(2):
+            model(torch.ones(3, 4)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+
+
 CASES = [
     (backward_twice, "backward-twice"),
     (non_scalar_backward, "non-scalar-backward"),
@@ -221,6 +309,21 @@ CASES = [
     (truncated_checkpoint, "corrupt-checkpoint"),
     (recompile_limit_with_fullgraph, "recompile-limit"),
     (graph_break_with_fullgraph, "compile-graph-break"),
+    (optimizer_without_parameters, "optimizer-empty-params"),
+    (module_before_init, "module-before-init"),
+    (conv_wrong_channels, "layer-input-shape"),
+    (conv_wrong_dimensions, "layer-input-shape"),
+    (loss_batch_mismatch, "layer-input-shape"),
+    (numpy_of_a_tensor_in_the_graph, "numpy-needs-detach"),
+    (inplace_on_a_split_view, "view-inplace"),
+    (float64_target, "dtype-double-long"),
+    (float_class_labels, "dtype-double-long"),
+    (half_without_a_cpu_kernel, "half-not-implemented"),
+    (grad_scaler_with_half_weights, "grad-scaler-fp16-gradients"),
+    (html_page_as_checkpoint(True), "corrupt-checkpoint"),
+    (html_page_as_checkpoint(False), "corrupt-checkpoint"),
+    (git_lfs_pointer_as_checkpoint, "corrupt-checkpoint"),
+    (ddp_with_an_unused_layer, "ddp-unused-parameters"),
 ]
 if not torch.cuda.is_available():
     CASES.append((cuda_checkpoint_on_cpu, "cuda-checkpoint-on-cpu"))
@@ -237,8 +340,16 @@ def test_explains_real_errors(make_error, kind):
     assert explain(pasted) is explanation                          # a pasted message works too
 
 
+def onnx_operator_the_old_exporter_lacks(tmp_path):
+    class Spectrum(nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).abs()
+    torch.onnx.export(Spectrum(), (torch.ones(2, 16),), tmp_path / "f.onnx", dynamo=False, opset_version=17)
+
+
 @pytest.mark.parametrize("make_error, kind", [(onnx_static_batch, "onnx-input-shape"),
-                                              (data_dependent_export, "export-data-dependent")])
+                                              (data_dependent_export, "export-data-dependent"),
+                                              (onnx_operator_the_old_exporter_lacks, "onnx-unsupported-operator")])
 def test_explains_real_export_and_runtime_errors(tmp_path, make_error, kind):
     explanation = explain(raised(lambda: make_error(tmp_path)))
     assert explanation is not None and explanation.id == kind and explanation.chapter == 6
@@ -276,6 +387,22 @@ try:
 except RuntimeError as error:
     print(f"{type(error).__name__}: {error}")
 """
+
+
+@pytest.mark.slow
+def test_explains_a_store_based_barrier_that_times_out():
+    # init_process_group's barrier (TORCH_DIST_INIT_BARRIER=1) and new_group's call this; one rank of two
+    # arrives. It waits at least its 10 s logging interval whatever the timeout.
+    from datetime import timedelta
+    from torch.distributed.distributed_c10d import _store_based_barrier
+    error = raised(lambda: _store_based_barrier(0, dist.HashStore(), "test", 2, timedelta(seconds=1)))
+    assert "store based barrier" in str(error) and explain(error).id == "rendezvous-failure"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="an invalid device ordinal needs a CUDA device to count")
+def test_explains_an_invalid_device_ordinal():
+    error = raised(lambda: torch.ones(1, device=f"cuda:{torch.cuda.device_count()}"))
+    assert explain(error).id == "invalid-device-ordinal", error
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a device-side assert needs CUDA")
@@ -426,7 +553,7 @@ def test_corpus_is_well_formed_with_sources():
     ids = {rule.explanation.id for rule in RULES}
     for entry in entries:
         assert set(entry) == {"kind", "message", "source", "torch_version", "wrapper", "split"}, entry
-        assert entry["split"] in {"tuning", "heldout-1", "heldout-2", "heldout-3", "heldout-4"}, entry
+        assert entry["split"] in {"tuning", "heldout-1", "heldout-2", "heldout-3", "heldout-4", "tuning-2"}, entry
         assert entry["message"].strip() and entry["source"].startswith("https://"), entry
         assert entry["kind"] is None or entry["kind"] in ids, f"unknown kind {entry['kind']!r}"
         assert entry["torch_version"] is None or re.fullmatch(r"\d+(\.\d+){0,2}", entry["torch_version"]), entry

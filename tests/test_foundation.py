@@ -213,13 +213,23 @@ def test_every_public_name_is_importable():
         assert getattr(course_utils, name) is not None
 
 
-def test_capture_process_stderr_sees_child_processes():
-    from course_utils import capture_process_stderr
-    with capture_process_stderr() as captured:
+def test_capture_process_output_sees_child_processes():
+    from course_utils import capture_process_output
+    with capture_process_output() as captured:
         subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('boom from child\\n')"])
     assert captured.last_line == "boom from child"
     assert sys.stderr is not None  # fd 2 restored: writing still works
     print("after", file=sys.stderr)
+
+
+def test_capture_process_output_takes_stdout_too_and_refuses_other_streams():
+    from course_utils import capture_process_output
+    with capture_process_output("stdout") as captured:
+        subprocess.run([sys.executable, "-c", "print('to fd 1')"])
+    assert captured.last_line == "to fd 1"
+    with pytest.raises(ValueError, match="'stderr' or 'stdout'"):
+        with capture_process_output("stdlog"):
+            pass
 
 
 def test_require_cuda_turns_a_cpu_fallback_into_an_error(monkeypatch):

@@ -1,0 +1,210 @@
+"""The template index and the traceback frames that place an uncurated PyTorch error (course_utils.error_origin),
+and the index's generator, tools/build_error_index.py, kept in step with the installed torch."""
+import gzip
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import explain
+from course_utils.error_origin import AREAS, HOLE, area_of, frames, match_template, origin, template_versions
+from course_utils.explain import normalise
+
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import build_error_index  # noqa: E402
+
+VERSION = torch.__version__.split("+")[0]
+
+
+def stored_index() -> dict:
+    path = build_error_index.index_path(VERSION)
+    assert path.exists(), f"no template index for torch {VERSION}: run tools/build_error_index.py with this torch"
+    with gzip.open(path, "rt", encoding="utf-8") as file:
+        return json.load(file)
+
+
+@pytest.mark.slow
+def test_python_templates_are_those_of_the_installed_torch():
+    stored = {json.dumps(e, sort_keys=True) for e in stored_index()["templates"] if e["file"].endswith(".py")}
+    fresh = {json.dumps(e, sort_keys=True)
+             for e in build_error_index.python_templates(Path(torch.__file__).parent)}
+    assert stored == fresh, (f"{len(fresh - stored)} templates new in torch {torch.__version__}, "
+                             f"{len(stored - fresh)} gone: rerun tools/build_error_index.py")
+
+
+@pytest.mark.slow
+def test_cpp_templates_are_strings_of_the_installed_libraries():
+    index = build_error_index.library_index(Path(torch.__file__).parent)
+    cpp = [e for e in stored_index()["templates"] if not e["file"].endswith(".py")]
+    assert len(cpp) > 500
+    missing = [e["t"] for e in cpp if not build_error_index.in_library(e["t"], index)]
+    assert not missing, f"{len(missing)} C++ templates not in this torch's libraries, e.g. {missing[:3]}"
+    assert not build_error_index.in_library(f"No such message {HOLE} was ever written by PyTorch", index)
+
+
+def test_the_generator_reads_python_and_cpp_messages(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f(x, n):\n"
+                      "    msg = f'expected {n} channels'\n"
+                      "    msg += ', got %d' % x\n"
+                      "    if x:\n        raise ValueError(msg)\n"
+                      "    raise RuntimeError('Found {} devices and {} ranks'.format(x, n))\n")
+    visitor = build_error_index._PythonRaises()
+    import ast
+    visitor.visit(ast.parse(source.read_text()))
+    assert (f"expected {HOLE} channels, got {HOLE}", "f", "ValueError") in visitor.found   # f-string, then += %
+    assert (f"Found {HOLE} devices and {HOLE} ranks", "f", "RuntimeError") in visitor.found
+    cpp = tmp_path / "Conv.cpp"
+    cpp.write_text('TORCH_CHECK(input.dim() == 4, "Expected 4D input, but got input of size: ", input.sizes(),\n'
+                   '            " instead");  // a comment, "not a message"\n'
+                   'TORCH_CHECK_WITH(DistBackendError, ok, fmt::format("rank {} failed after {} ms", r, t));\n')
+    found = {e["t"] for e in build_error_index.cpp_templates(cpp, "ATen/native/Conv.cpp")}
+    assert found == {f"Expected 4D input, but got input of size: {HOLE} instead", f"rank {HOLE} failed after {HOLE} ms"}
+
+
+def test_the_index_says_which_torch_it_came_from():
+    assert VERSION in template_versions() and set(template_versions()) <= {"2.13.0", "2.14.1"}
+    index = stored_index()
+    assert index["torch"] == VERSION and "pytorch/pytorch files (path: commit)" in index["cpp_source"]
+
+
+def test_a_template_matches_with_new_values_in_its_holes():
+    # Convolution.cpp: TORCH_CHECK(..., "Given groups=", groups, ", weight of size ", ..., " channels instead")
+    text = "ValueError: Given groups=1, weight of size [64, 3, 7, 7], expected input[1, 1, 224, 224] to have 3 " \
+           "channels, but got 1 channels instead"
+    found = match_template(text)
+    assert found is not None and found.file == "ATen/native/Convolution.cpp"
+    other = text.replace("64, 3, 7, 7", "8, 12, 3, 3").replace("3 channels", "12 channels")
+    assert match_template(other).text == found.text
+
+
+def test_an_older_wording_that_ends_differently_still_matches_its_start():
+    # the 2.x template ends with "error=...)" which this 1.x message lacks
+    old = ("RuntimeError: Timed out initializing process group in store based barrier on rank: 3, for key: "
+           "store_based_barrier_key:1 (world_size=4, worker_count=3, timeout=0:30:00)")
+    found = match_template(normalise(old))
+    assert found is not None and found.file == "torch/distributed/distributed_c10d.py"
+
+
+def test_frames_of_a_pasted_traceback():
+    pasted = normalise(
+        'Traceback (most recent call last):\n'
+        '  File "train.py", line 12, in <module>\n'
+        '  File "C:\\Users\\me\\envs\\t\\Lib\\site-packages\\torch\\nn\\modules\\module.py", line 1553, in _call_impl\n'
+        '  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/c10d_logger.py", line 79, in wrapper\n'
+        'RuntimeError: something\n'
+        'Exception raised from recvBytes at ../torch/csrc/distributed/c10d/Utils.hpp:670 (most recent call first):')
+    assert frames(pasted) == [(None, "<module>"), ("torch/nn/modules/module.py", "_call_impl"),
+                              ("torch/distributed/c10d_logger.py", "wrapper"),
+                              ("torch/csrc/distributed/c10d/Utils.hpp", "recvBytes")]
+    assert origin(pasted).area.id == "distributed" and origin(pasted).found_by == "traceback"
+
+
+def test_frames_in_jupyter_and_rich_tracebacks():
+    jupyter = normalise("File ~/miniconda3/lib/python3.11/site-packages/torch/serialization.py:1495, in load(f)\n"
+                        "UnpicklingError: something")
+    rich = normalise("│ /usr/local/lib/python3.10/dist-packages/torch/optim/lr_scheduler.py:152 in step │")
+    assert frames(jupyter) == [("torch/serialization.py", "load")]
+    assert frames(rich) == [("torch/optim/lr_scheduler.py", "step")]
+
+
+def test_an_error_raised_in_the_users_code_is_not_placed_by_the_torch_frames_that_called_it():
+    pasted = normalise(
+        '  File "/usr/lib/python3/dist-packages/torch/nn/modules/module.py", line 1553, in _call_impl\n'
+        '  File "/home/me/model.py", line 40, in forward\n'
+        'KeyError: "backbone"')
+    assert origin(pasted) is None and explain(pasted) is None
+
+
+def test_every_area_points_at_a_real_section_and_a_docs_page():
+    from tests.test_explain import notebook_headings
+    for _, area in AREAS:
+        if area.chapter is not None:
+            assert area.section in notebook_headings(area.chapter), (area.id, area.section)
+        assert re.fullmatch(r"https://docs\.pytorch\.org/docs/stable/\S+", area.docs), area.docs
+    assert area_of("torch/nn/modules/module.py", "Module.load_state_dict").chapter == 4
+    assert area_of("torch/nn/modules/module.py", "Module.__setattr__").chapter == 2
+    assert area_of("torch/utils/data/distributed.py").chapter == 5
+    assert area_of("torch/utils/cpp_extension.py") is None        # no chapter teaches building extensions
+
+
+def raised(fn):
+    try:
+        fn()
+    except Exception as error:
+        return error
+    raise AssertionError("expected an error")
+
+
+def test_an_uncurated_pytorch_error_is_placed_and_says_there_is_no_curated_fix():
+    # interpolate's own ValueError: no rule knows it; its template lives in torch/nn/functional.py
+    error = raised(lambda: nn.functional.interpolate(torch.ones(1, 2, 3), size=(2, 2)))
+    got = explain(error)
+    assert got is not None and got.id == "area-layers" and got.chapter == 2 and got.confidence == "low"
+    assert not got.causes and "torch/nn/functional.py, in interpolate" in got.origin
+    text = str(got)
+    assert "No curated fix" in text and "Low confidence" in text and got.docs in text and got.link in text
+    assert "No curated fix" in got._repr_html_()
+
+
+def test_a_confident_placement_from_the_distributed_package():
+    error = raised(lambda: torch.distributed.Backend(3))        # distributed_c10d.py: Backend.__new__
+    got = explain(error)
+    assert got is not None and got.chapter == 5 and got.confidence == "placed", (error, got)
+    assert "Low confidence" not in str(got)
+
+
+def test_errors_that_are_not_pytorchs_stay_unexplained():
+    for message in ["KeyError: 'learning_rate'", "ModuleNotFoundError: No module named 'cv2'",
+                    "ValueError: could not convert string to float: 'abc'",
+                    "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor",
+                    "error: subprocess-exited-with-error"]:
+        assert explain(message) is None, message
+
+
+def test_explain_stays_fast_on_real_messages():
+    corpus = ROOT / "tests" / "data" / "error_messages.jsonl"
+    messages = [json.loads(line)["message"] for line in corpus.read_text().splitlines() if line.strip()]
+    explain(messages[0])                                    # the index loads once, on first use
+    times = []
+    for message in messages:
+        started = time.perf_counter()
+        explain(message)
+        times.append(time.perf_counter() - started)
+    assert statistics.median(times) < 0.010, f"median {statistics.median(times) * 1e3:.1f} ms per message"
+
+
+def test_the_errors_own_words_replace_a_broad_placement():
+    from course_utils.error_origin import topic_of
+    assert topic_of(normalise('  File "model.py", line 3, in f\n    x = x.half()\nRuntimeError: bad input')) is None
+    assert topic_of("RuntimeError: weight is on cuda:0 but the input is on cpu").id == "devices"
+    assert topic_of("RuntimeError: expected m1 and m2 to have the same dtype, but got: float != c10::Half").id == "amp"
+    # a PyTorch RuntimeError no template or rule knows, about devices: placed, low confidence, and says why
+    got = explain("RuntimeError: buffers of the head live on cuda:1 while the batch stays on cpu")
+    assert got.id == "area-devices" and got.chapter == 3 and got.confidence == "low"
+    assert "its words are about devices" in got.origin
+
+
+def test_the_vocabulary_of_an_area_places_an_unknown_pytorch_message():
+    from course_utils.error_origin import vocabulary_area
+    message = "RuntimeError: the collective on this rank timed out waiting for peers"    # no rule, template, topic
+    area, posterior = vocabulary_area(message)
+    assert area.chapter == 5 and 0.7 <= posterior <= 1 and not area.confident
+    got = explain(message)
+    assert got.chapter == 5 and got.confidence == "low" and "probability" in got.origin
+    assert vocabulary_area("RuntimeError: 42") is None                       # too few words to say anything
+    # the same words from another framework are not PyTorch's
+    assert explain("tensorflow.python.framework.errors_impl.InternalError: the collective on this rank timed "
+                   "out waiting for peers") is None
+
+
+def test_a_message_from_a_part_no_chapter_teaches_is_left_unplaced():
+    # torch/utils/cpp_extension.py: building C++/CUDA extensions is not in the course
+    assert explain("OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.") is None

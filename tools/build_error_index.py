@@ -1,0 +1,355 @@
+"""Build the index of PyTorch's own error-message templates that `course_utils.error_index` matches.
+
+Every message PyTorch raises is written once in its sources, with holes for the values of the moment
+(a shape, a device, a file name). This script collects those templates with the file each lives in:
+
+* Python: every `raise X(<message>)`, `torch._check*(cond, lambda: <message>)` and Dynamo
+  `unimplemented(...)` in the installed `torch` package, read with `ast`. f-string fields, `%`
+  placeholders, `.format` fields and any non-literal part become holes.
+* C++: every `TORCH_CHECK*`/`AT_ERROR`/`C10_THROW_ERROR`/`throw std::...error(...)` message in the C++
+  headers the wheel ships (`torch/include`) and, with `--cpp-source DIR`, in PyTorch source files
+  copied from pytorch/pytorch (their commits listed in DIR/MANIFEST.tsv). A C++ template is kept only
+  when each of its literal pieces is a string in the installed wheel's shared libraries, so the index
+  holds what this torch build can raise, not what another commit once said.
+
+Writes `course_utils/data/error_templates-<torch version>.json.gz`. Run it once per pinned torch:
+
+    .venv/bin/python tools/build_error_index.py --cpp-source /path/to/sources
+    .venv-torch2.14.1/bin/python tools/build_error_index.py --cpp-source /path/to/sources
+
+`tests/test_error_index.py` regenerates the Python side from the installed wheel and checks that it
+equals the stored index, and that every stored C++ piece is still in the wheel's libraries.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import gzip
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "course_utils" / "data"
+HOLE = "\x00"          # marks where a value is filled in; a template is literal text with holes
+MIN_LITERAL = 12       # shorter templates ("Invalid {}") say too little to place a message
+
+# C++ macros whose arguments after `skip` leading ones are the message, streamed piece by piece.
+CPP_MACROS = {"TORCH_CHECK": 1, "TORCH_CHECK_VALUE": 1, "TORCH_CHECK_INDEX": 1, "TORCH_CHECK_TYPE": 1,
+              "TORCH_CHECK_LINALG": 1, "TORCH_CHECK_NOT_IMPLEMENTED": 1, "TORCH_CHECK_WITH": 2,
+              "TORCH_CHECK_ALWAYS_SHOW_CPP_STACKTRACE": 1, "AT_ERROR": 0, "TORCH_CHECK_ERROR": 0,
+              "C10_THROW_ERROR": 1, "C10D_THROW_ERROR": 1, "C10D_CHECK_WITH": 2,
+              "TORCH_INTERNAL_ASSERT": 1, "C10_CUDA_CHECK_WARN": 1}
+_CPP_CALL = re.compile(r"\b(" + "|".join(CPP_MACROS) + r"|throw\s+(?:std|c10)::\w+|fmt::format|c10::str)\s*\(")
+
+
+def squeeze(text: str) -> str:
+    """Whitespace runs as one space, as `course_utils.explain.normalise` sees a pasted message."""
+    return re.sub(r"\s+", " ", text)
+
+
+def _join(pieces: list[str]) -> str:
+    text = squeeze("".join(pieces))
+    return re.sub(HOLE + r"(\s*" + HOLE + r")+", HOLE, text).strip()
+
+
+def literal_length(template: str) -> int:
+    return len(template.replace(HOLE, "").strip())
+
+
+# ---------------------------------------------------------------- Python: the installed package
+def _py_pieces(node: ast.AST, assigned: dict[str, ast.AST], depth: int = 0) -> list[str]:
+    """The message an expression builds, as literal pieces and holes."""
+    if depth > 6:
+        return [HOLE]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return [v.value if isinstance(v, ast.Constant) else HOLE for v in node.values]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _py_pieces(node.left, assigned, depth + 1) + _py_pieces(node.right, assigned, depth + 1)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
+            and isinstance(node.left.value, str):
+        return [re.sub(r"%(\([^)]*\))?[-#0 +]*\d*(\.\d+)?[sdrfgixeEc]", HOLE, node.left.value)]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        target = node.func.value
+        if node.func.attr == "format" and isinstance(target, ast.Constant) and isinstance(target.value, str):
+            return [re.sub(r"\{[^{}]*\}", HOLE, target.value)]
+        if node.func.attr in {"strip", "rstrip", "lstrip"}:
+            return _py_pieces(target, assigned, depth + 1)
+        if node.func.attr == "join" and isinstance(target, ast.Constant):
+            return [HOLE]
+    if isinstance(node, ast.Call) and node.args and getattr(node.func, "attr", getattr(node.func, "id", "")) \
+            in {"dedent", "cleandoc"}:
+        return _py_pieces(node.args[0], assigned, depth + 1)
+    if isinstance(node, ast.Name) and node.id in assigned:
+        return _py_pieces(assigned[node.id], assigned, depth + 1)
+    if isinstance(node, ast.Lambda):
+        return _py_pieces(node.body, assigned, depth + 1)
+    return [HOLE]
+
+
+def _error_name(node: ast.AST) -> str:
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+class _PythonRaises(ast.NodeVisitor):
+    """Collects (template, function, error name) for each message-raising statement of one module."""
+
+    CHECKS = {"_check", "_check_with", "_check_value", "_check_index", "_check_type", "_check_is_size",
+              "_check_not_implemented"}
+    GRAPH_BREAKS = {"unimplemented", "unimplemented_v2", "unsupported"}
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, str, str]] = []
+        self.scope: list[str] = []
+        self.assigned: list[dict[str, ast.AST]] = [{}]
+
+    def _function(self, node) -> None:
+        self.scope.append(node.name)
+        self.assigned.append({})
+        self.generic_visit(node)
+        self.assigned.pop()
+        self.scope.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _function
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.scope.append(node.name)
+        self.generic_visit(node)
+        self.scope.pop()
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                self.assigned[-1][target.id] = node.value
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if isinstance(node.target, ast.Name) and isinstance(node.op, ast.Add):
+            before = self.assigned[-1].get(node.target.id, ast.Constant(HOLE))
+            self.assigned[-1][node.target.id] = ast.BinOp(before, ast.Add(), node.value)
+        self.generic_visit(node)
+
+    def _add(self, message: ast.AST | None, error: str) -> None:
+        if message is not None:
+            self.found.append((_join(_py_pieces(message, self.assigned[-1])), ".".join(self.scope), error))
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        call = node.exc
+        if isinstance(call, ast.Call):
+            message = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg in
+                                                           {"msg", "message"}), None)
+            self._add(message, _error_name(call))
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = _error_name(node)
+        if name in self.CHECKS:
+            message = node.args[-1] if len(node.args) >= (3 if name == "_check_with" else 2) else None
+            self._add(message, name)
+        elif name in self.GRAPH_BREAKS:
+            keywords = {k.arg: k.value for k in node.keywords}
+            for key in ("gb_type", "explanation", "msg"):
+                if key in keywords:
+                    self._add(keywords[key], "Unsupported")
+            if node.args:
+                self._add(node.args[0], "Unsupported")
+        self.generic_visit(node)
+
+
+def python_templates(package: Path) -> list[dict]:
+    """Templates raised by the Python files of an installed `torch` package (paths relative to site-packages)."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package.parent).as_posix()
+        if "/testing/" in relative or "/test/" in relative or relative.startswith("torch/include/"):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        visitor = _PythonRaises()
+        visitor.visit(tree)
+        for template, function, error in visitor.found:
+            if literal_length(template) >= MIN_LITERAL:
+                out.append({"t": template, "file": relative, "function": function, "error": error})
+    return out
+
+
+# ---------------------------------------------------------------- C++: headers and copied sources
+def _cpp_arguments(text: str, start: int) -> tuple[list[str], int]:
+    """Top-level comma-separated arguments of the call whose '(' is at text[start]; and the end index."""
+    depth, args, current, i = 0, [], [], start
+    while i < len(text):
+        ch = text[i]
+        if ch == '"' or (ch == "R" and text.startswith('R"', i)):
+            end = _cpp_string_end(text, i)
+            current.append(text[i:end])
+            i = end
+            continue
+        if ch == "'" :
+            end = text.find("'", i + 2 if text[i + 1] == "\\" else i + 1)
+            current.append(text[i:end + 1])
+            i = end + 1
+            continue
+        if ch in "([{":
+            depth += 1
+            if depth == 1:
+                i += 1
+                continue
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                args.append("".join(current).strip())
+                return args, i + 1
+        elif ch == "," and depth == 1:
+            args.append("".join(current).strip())
+            current = []
+            i += 1
+            continue
+        current.append(ch)
+        i += 1
+    return args, len(text)
+
+
+def _cpp_string_end(text: str, i: int) -> int:
+    if text.startswith('R"', i):
+        delimiter = text[i + 2:text.index("(", i)]
+        return text.index(")" + delimiter + '"', i) + len(delimiter) + 2
+    i += 1
+    while text[i] != '"':
+        i += 2 if text[i] == "\\" else 1
+    return i + 1
+
+
+_ESCAPES = {"n": "\n", "t": "\t", '"': '"', "'": "'", "\\": "\\"}
+
+
+def _cpp_literal_value(literal: str) -> str:
+    if literal.startswith('R"'):
+        return literal[literal.index("(") + 1:literal.rindex(")")]
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), ""), literal[1:-1])
+
+
+def _cpp_pieces(argument: str) -> list[str]:
+    """An argument made only of adjacent string literals gives its text; `fmt::format("..{}..", ...)` and
+    `c10::str(...)` give their pieces; anything else is a hole."""
+    literals = re.fullmatch(r'\s*((?:R?"(?:[^"\\]|\\.)*"\s*)+)', argument, flags=re.DOTALL)
+    if literals:
+        return ["".join(_cpp_literal_value(s) for s in re.findall(r'R?"(?:[^"\\]|\\.)*"', literals.group(1)))]
+    call = re.match(r"\s*(fmt::format|c10::str)\s*\(", argument)
+    if call:
+        inner, _ = _cpp_arguments(argument, call.end() - 1)
+        if call.group(1) == "fmt::format" and inner:
+            return [re.sub(r"\{[^{}]*\}", HOLE, "".join(_cpp_pieces(inner[0])))]
+        return [piece for arg in inner for piece in _cpp_pieces(arg)]
+    return [HOLE]
+
+
+def cpp_templates(path: Path, relative: str) -> list[dict]:
+    text = re.sub(r"//[^\n]*", "", path.read_text(encoding="utf-8", errors="replace"))
+    out = []
+    for match in _CPP_CALL.finditer(text):
+        name = match.group(1)
+        if name in {"fmt::format", "c10::str"}:
+            continue                                  # reached as an argument of a check or a throw
+        try:
+            args, _ = _cpp_arguments(text, match.end() - 1)
+        except (ValueError, IndexError):
+            continue
+        skip = CPP_MACROS.get(name, 0)
+        message = args[skip:]
+        if name == "TORCH_INTERNAL_ASSERT" or not message:
+            continue
+        template = _join([piece for arg in message for piece in _cpp_pieces(arg)])
+        if literal_length(template) >= MIN_LITERAL:
+            out.append({"t": template, "file": relative, "function": "", "error": name.split("::")[-1]})
+    return out
+
+
+def library_strings(package: Path, minimum: int = 6) -> set[str]:
+    """The printable strings of the wheel's shared libraries: binutils' `strings -a` where it exists (a few
+    seconds for a GiB), else the same scan in Python (about a minute)."""
+    libraries = sorted((package / "lib").glob("*.so*")) + sorted(package.glob("_C*.so"))
+    if shutil.which("strings"):
+        out = subprocess.run(["strings", "-a", "-n", str(minimum), *map(str, libraries)], capture_output=True,
+                             check=True).stdout
+        return set(out.decode("ascii", errors="replace").splitlines())
+    found: set[str] = set()
+    for library in libraries:
+        found.update(s.decode("ascii") for s in re.findall(rb"[\x20-\x7e\t]{%d,}" % minimum, library.read_bytes()))
+    return found
+
+
+def library_index(package: Path) -> tuple[set[str], str]:
+    """The libraries' strings, whitespace squeezed as in the templates: as a set (most literal pieces are
+    one whole string) and joined into one text (for the pieces that are part of a longer string)."""
+    strings = {squeeze(s).strip() for s in library_strings(package)}
+    return strings, " ".join(strings)
+
+
+def in_library(template: str, index: tuple[set[str], str]) -> bool:
+    """Every literal piece of 6+ characters of the template occurs in the libraries' strings."""
+    strings, text = index
+    pieces = [p.strip() for p in template.split(HOLE) if len(p.strip()) >= 6]
+    return bool(pieces) and all(piece in strings or piece in text for piece in pieces)
+
+
+def header_and_source_templates(package: Path, cpp_source: Path | None) -> tuple[list[dict], dict]:
+    out = []
+    for header in sorted((package / "include").rglob("*.h")):
+        out += cpp_templates(header, header.relative_to(package / "include").as_posix())
+    manifest = {}
+    if cpp_source is not None:
+        for line in (cpp_source / "MANIFEST.tsv").read_text().splitlines():
+            if not line.strip():
+                continue
+            relative, commit, _ = line.split("\t")
+            manifest[relative] = commit
+            out += cpp_templates(cpp_source / relative, relative.removeprefix("aten/src/"))
+    return out, manifest
+
+
+def build(cpp_source: Path | None) -> dict:
+    import torch
+    package = Path(torch.__file__).parent
+    python = python_templates(package)
+    cpp, manifest = header_and_source_templates(package, cpp_source)
+    index = library_index(package)
+    cpp_kept = [entry for entry in cpp if in_library(entry["t"], index)]
+    templates = sorted({json.dumps(e, sort_keys=True) for e in python + cpp_kept})
+    return {"torch": torch.__version__.split("+")[0],
+            "python_source": f"torch {torch.__version__} wheel, {package.name}/**/*.py",
+            "cpp_source": {"headers": f"torch {torch.__version__} wheel, torch/include",
+                           "pytorch/pytorch files (path: commit)": manifest,
+                           "kept": f"{len(cpp_kept)} of {len(cpp)} C++ templates found in this wheel's libraries"},
+            "templates": [json.loads(e) for e in templates]}
+
+
+def index_path(version: str) -> Path:
+    return DATA / f"error_templates-{version}.json.gz"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpp-source", type=Path, help="folder of pytorch/pytorch files with a MANIFEST.tsv")
+    args = parser.parse_args(argv)
+    index = build(args.cpp_source)
+    DATA.mkdir(exist_ok=True)
+    path = index_path(index["torch"])
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        json.dump(index, file, indent=0, sort_keys=True)
+    print(f"{path.relative_to(ROOT)}: {len(index['templates'])} templates ({index['cpp_source']['kept']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
