@@ -165,7 +165,8 @@ def area_of(file: str, function: str = "") -> Area | None:
 @dataclass(frozen=True)
 class Origin:
     """Where a message was raised: `file` (and `function`, when known) inside PyTorch, and how it was found:
-    'template' (the message matches a template from that file) or 'traceback' (a frame of the paste)."""
+    'template' (the message matches a template from that file), 'library' (it contains a string of PyTorch's
+    libraries placed in that file by their layout) or 'traceback' (a frame of the paste)."""
 
     file: str
     function: str
@@ -174,6 +175,9 @@ class Origin:
 
     def describe(self) -> str:
         where = f"{self.file}, in {self.function}" if self.function else self.file
+        if self.found_by == "library":
+            return (f"its message is a string of PyTorch's C++ library that lies among those of {where} "
+                    f"(the file is inferred from the library's layout)")
         how = "its message matches a message written in" if self.found_by == "template" else \
             "the innermost PyTorch frame of the traceback is"
         return f"{how} {where}"
@@ -186,24 +190,29 @@ class _Template:
     file: str
     function: str
     literal: int
+    inferred: bool = False     # a string of PyTorch's libraries whose file was inferred from their layout
 
     def matched_literal(self, text: str) -> int:
-        """Literal characters of the longest start of the template found in `text` (0 if none): a message
-        from an older or newer release often differs only at its end, and wrappers cut long messages.
-        A start counts when it keeps MIN_LITERAL characters and 60 % of the template."""
-        pieces = [piece.strip() for piece in self.text.split(HOLE) if piece.strip()]
-        for k in range(len(pieces), 0, -1):
-            literal = sum(map(len, pieces[:k]))
-            if literal < max(MIN_LITERAL, 0.6 * self.literal):
-                return 0
-            if _compiled(tuple(pieces[:k])).search(text):
-                return literal
-        return 0
+        """Literal characters of the longest start of the template found in `text`, its pieces in order (0 if
+        none): a message from an older or newer release often differs only at its end, and wrappers cut long
+        messages. A start counts when it keeps MIN_LITERAL characters and 60 % of the template. Plain `find`s,
+        not a regular expression per template: compiling thousands of them made a first call slow."""
+        found, position = 0, 0
+        for piece in self.pieces:
+            at = text.find(piece, position)
+            if at < 0:
+                break
+            found, position = found + len(piece), at + len(piece)
+        return found if found >= max(MIN_LITERAL, 0.6 * self.literal) else 0
+
+    @property
+    def pieces(self) -> tuple[str, ...]:
+        return _pieces(self.text)
 
 
 @lru_cache(maxsize=None)
-def _compiled(pieces: tuple[str, ...]) -> re.Pattern:
-    return re.compile(r"\s?.{0,300}?\s?".join(map(re.escape, pieces)))
+def _pieces(text: str) -> tuple[str, ...]:
+    return tuple(piece.strip() for piece in text.split(HOLE) if piece.strip())
 
 
 @lru_cache(maxsize=1)
@@ -221,7 +230,8 @@ def _index() -> tuple[dict[str, list[_Template]], tuple[str, ...]]:
             literal = len(entry["t"].replace(HOLE, "").replace(" ", ""))
             if literal >= MIN_LITERAL:        # parts no chapter teaches too: they show the message is PyTorch's
                 templates[entry["t"], entry["file"]] = _Template(entry["t"], entry["file"], entry["function"],
-                                                                len(entry["t"].replace(HOLE, "").strip()))
+                                                                len(entry["t"].replace(HOLE, "").strip()),
+                                                                entry["error"] == "library string")
     frequency: dict[str, int] = {}
     for template in templates.values():
         for word in {w.lower() for w in _WORD.findall(template.text)}:
@@ -243,15 +253,16 @@ def template_versions() -> tuple[str, ...]:
     return _index()[1]
 
 
-def match_template(text: str, frames: list[str] = ()) -> _Template | None:
+def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> _Template | None:
     """The most specific PyTorch template the (normalised) message contains, if any. Among equally long
     matches, one from a file the traceback passes through wins, then the shortest path (the central
-    module: torch/optim/optimizer.py over torch/distributed/optim/functional_adam.py)."""
+    module: torch/optim/optimizer.py over torch/distributed/optim/functional_adam.py). `inferred=False` leaves
+    out the library strings whose file was inferred."""
     by_word, _ = _index()
     best, best_rank = None, None
     for word in {w.lower() for w in _WORD.findall(text)}:
         for template in by_word.get(word, ()):
-            if best_rank is not None and template.literal < best_rank[0]:
+            if (best_rank is not None and template.literal < best_rank[0]) or (template.inferred and not inferred):
                 continue
             matched = template.matched_literal(text)
             if matched:
@@ -289,9 +300,14 @@ def origin(text: str) -> Origin | None:
     when that frame is PyTorch's (an error raised in the user's code or a wrapper is not placed by the PyTorch
     frames that merely called it)."""
     seen = frames(text)
-    template = match_template(text, [file for file, _ in seen if file])
+    # a library string alone is weak evidence: PyTorch repeats some of Python's own messages (TorchScript's
+    # "could not convert string to float"), so it counts only for a message that may be PyTorch's
+    template = match_template(text, [file for file, _ in seen if file], inferred=looks_like_pytorch(text))
     if template is not None:
-        return Origin(template.file, template.function, "template", area_of(template.file, template.function))
+        area = area_of(template.file, template.function)
+        if template.inferred:
+            return Origin(template.file, "", "library", area and replace(area, confident=False))
+        return Origin(template.file, template.function, "template", area)
     if seen and seen[-1][0] is not None:
         file, function = seen[-1]
         area = area_of(file, function)
@@ -331,7 +347,8 @@ TOPICS: list[tuple[str, Area]] = [
     (r"\b(ONNX|onnx|opset|onnxruntime|ONNXRuntime)",
      _area("onnx", "ONNX export, and ONNX Runtime running the exported file", 6,
            "3. ONNX with a dynamic batch axis", "onnx.html", confident=False)),
-    (r"\b(state_dict|checkpoint|unpickl\w*|[Pp]ickle\w*|torch\.load|torch\.save|map_location|weights_only)",
+    (r"\b(state_dict|checkpoint|unpickl\w*|[Pp]ickle\w*|torch\.load|torch\.save|map_location|weights_only|"
+     r"zip archive|central directory)",
      _area("serialization", "torch.save / torch.load: the checkpoint file and how it is unpickled", 4,
            "1. `torch.save(model)` versus `torch.save(model.state_dict())`", "notes/serialization.html",
            confident=False)),

@@ -515,7 +515,7 @@ RULES: list[Rule] = [
           1, "5. Pitfall: forgetting `grad.zero_()`, and other update mistakes",
           [r"is a view and is being modified inplace", r"is a view and its base or another view of its base has "
            r"been modified inplace"],
-          ["Output 0 of SplitBackward0 is a view and is being modified inplace"]),
+          ["Output 0 of Split is a view and is being modified inplace"]),
     _rule("numpy-needs-detach", ".numpy() on a tensor that requires grad, or that lives on the GPU",
           ["the tensor is part of autograd's graph (a prediction, a parameter): NumPy cannot follow gradients",
            "the tensor is on a GPU: NumPy reads only CPU memory"],

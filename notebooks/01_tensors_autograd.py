@@ -32,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 3.9 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 4.4 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
@@ -48,6 +48,7 @@
 import warnings
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from torch import nn
 
@@ -181,11 +182,13 @@ assert (a * 3).pow(2).sum().grad_fn is not None          # outside no_grad the g
 # %% [markdown]
 # To print or plot a tensor with NumPy, `.numpy()` hands NumPy the tensor's memory. A tensor in autograd's
 # graph (a prediction, a parameter) is refused, because NumPy could not carry its gradient; and NumPy reads
-# only CPU memory. `.detach()` gives the same values without the graph, `.cpu()` copies them to the host:
+# only CPU memory, so a GPU tensor is refused first, with a `TypeError` ("can't convert cuda:0 device type
+# tensor to numpy"). `.detach()` gives the same values without the graph, `.cpu()` copies them to the host:
 
 # %%
 prediction = a * 3                                    # in the graph: requires_grad=True
-with expect_error(RuntimeError, match=r"Can't call numpy\(\) on Tensor that requires grad"):
+with expect_error((RuntimeError, TypeError), match=r"Can't call numpy\(\) on Tensor that requires grad|"
+                                                   r"can't convert cuda:0 device type tensor to numpy"):
     prediction.numpy()
 values = prediction.detach().cpu().numpy()            # the fix, for printing and plotting
 print("prediction.detach().cpu().numpy() =", values, values.dtype)
@@ -492,7 +495,7 @@ print("out of place: z.grad =", z.grad)
 
 # %%
 z = torch.ones(4, device=device, requires_grad=True)
-first, second = (z * 1).split(2)                      # two views of one tensor
+first, second = z.split(2)                            # two views of one tensor
 with expect_error(RuntimeError, match="is a view and is being modified inplace"):
     first.mul_(2)
 doubled = torch.cat([first * 2, second])              # the fix: a new tensor
@@ -623,8 +626,8 @@ assert not torch.allclose(wrong, right)
 # word (`float32 + float64` gives `float64`), so the error shows up later, in a loss or a layer:
 
 # %%
-targets_from_numpy = torch.from_numpy((x.cpu().numpy() > 0).astype("float64"))      # 0/1 labels, float64
-probabilities = torch.sigmoid(torch.randn(len(x), 1, device=device))                    # float32
+targets_from_numpy = torch.from_numpy(np.array([[1.0], [0.0], [1.0], [1.0]]))   # 0/1 labels: float64
+probabilities = torch.sigmoid(torch.randn(4, 1, device=device))                  # float32 predictions
 print("probabilities:", probabilities.dtype, "| targets:", targets_from_numpy.dtype)
 with expect_error(RuntimeError, match="Double"):
     nn.functional.binary_cross_entropy(probabilities, targets_from_numpy.to(device))
@@ -996,7 +999,8 @@ check_per_loss_gradients(per_loss_gradients)
 # | no error, but a flat fit or wrong values when the batch size equals another dimension | a silent broadcast (`(N,)` against `(N, 1)`, or 8 rows against 8 features) | 6 (broadcasting) |
 # | `RuntimeError: Found dtype Double but expected Float`, or `expected target dtype to be Long` | float64 data from NumPy, or class labels stored as floats | 6 (dtypes) |
 # | `RuntimeError: Can't call numpy() on Tensor that requires grad` | a tensor in the graph handed to NumPy: `.detach().cpu().numpy()` | 2 |
-# | `RuntimeError: Output 0 of SplitBackward0 is a view and is being modified inplace` | an in-place op on one of several views (`split`, `chunk`, `unbind`) | 5 |
+# | `TypeError: can't convert cuda:0 device type tensor to numpy` | a GPU tensor handed to NumPy: `.cpu()` first | 2 |
+# | `RuntimeError: Output 0 of Split (or Unbind) is a view and is being modified inplace` | an in-place op on one of several views (`split`, `chunk`, `unbind`) | 5 |
 
 # %%
 print(progress(chapter=1))

@@ -31,7 +31,7 @@
 # longer than on Linux with `fork`. On a CUDA GPU the same cells run, and section 2 measures real
 # host-to-device copies.
 #
-# **Run All:** 14 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 17 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import multiprocessing
@@ -986,6 +986,18 @@ print("permute(0, 3, 1, 2):", tuple(images.shape), "->", tuple(features.shape))
 assert features.shape == (4, 8, 30, 30)
 
 # %% [markdown]
+# `nn.Linear` checks the last dimension only. After the convolution, `flatten(1)` keeps the batch dimension
+# and joins the rest; the head must be sized for the product, 8 × 30 × 30:
+
+# %%
+head = nn.Linear(8 * 28 * 28, 10)                          # sized for another input: 28 x 28
+with expect_error(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(4x7200 and 6272x10\)"):
+    head(features.flatten(1))                               # (4, 7200)
+head = nn.Linear(8 * 30 * 30, 10)                          # the fix: in_features from the real shape
+print("flatten(1):", tuple(features.flatten(1).shape), "-> head ->", tuple(head(features.flatten(1)).shape))
+assert head(features.flatten(1)).shape == (4, 10)
+
+# %% [markdown]
 # ## 6. The training step, written out
 #
 # Every step does six things: forget the previous gradients, forward, loss, backward, clip, update. Here
@@ -1499,9 +1511,11 @@ check_predict_batches(predict_batches)
 # | validation much worse than training with BatchNorm, varying between epochs | running statistics skewed by a tiny last batch: `drop_last=True` | 3 |
 # | some weights never change; `state_dict` misses layers or a tensor | layers in a plain list or dict, or built in `forward`; a tensor that should be a buffer | 4 |
 # | in `eval()`, the same input gives different outputs | a layer built inside `forward` (fresh random weights each call) | 4 |
-# | `ValueError: optimizer got an empty parameter list` | every layer in a plain list (or `parameters()` already consumed) | 4 |
+# | `ValueError: optimizer got an empty parameter list` | every layer in a plain list: the model has no registered parameters | 4 |
 # | `AttributeError: cannot assign module before Module.__init__() call` | `super().__init__()` missing or not first in `__init__` | 4 |
 # | `RuntimeError: ... expected input[4, 32, 32, 3] to have 3 channels, but got 32 channels instead` | channels-last images into a conv (`permute(0, 3, 1, 2)`), or RGB/grayscale mixed up | 5 ("The shapes a layer expects") |
+# | `RuntimeError: Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of size: [2, 4, 3, 32, 32]` | a batch of batches (a stacked list of batches, an extra `unsqueeze`) | 5 ("The shapes a layer expects") |
+# | `RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x7200 and 6272x10)` after a conv | the head's `in_features` computed for another image size | 5 ("The shapes a layer expects") |
 # | `RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation` | an in-place edit (`x.mul_()`, `relu_()`, `+=`) of a tensor autograd kept; or `optimizer.step()` between the forward pass and `backward()` while old gradients remain | 5, 6 |
 # | the loss does not move at all | `zero_grad()` between `backward()` and `step()`, or `step()` before `backward()` right after `zero_grad()` | 6 |
 # | the same loop ends with other weights than the textbook step; every update carries earlier batches' gradients | `zero_grad()` missing: each `backward()` adds to the last | 6 ("The rule behind the order") |

@@ -813,9 +813,12 @@ for path, first_byte in ((html_page, "<"), (lfs_pointer, "v")):
         torch.load(path, weights_only=False)                # what older PyTorch, and weights_only=False, say
 
 # %% [markdown]
-# Since PyTorch 1.6 `torch.save` writes a zip archive, so `zipfile.is_zipfile` tells a checkpoint from
-# an HTML page, a pointer or a cut-off write, and the first bytes say which it is; the fix is to download
-# again (`git lfs pull` for a pointer):
+# The first message's advice, to retry with `weights_only=False`, cannot help here: the second call shows
+# what that gives. Since PyTorch 1.6 `torch.save` writes a zip archive, so `zipfile.is_zipfile` tells a
+# checkpoint from an HTML page, a pointer or a cut-off write (whose first bytes, `PK`, look like a good
+# file's: only its end is missing). The first bytes tell the page and the pointer apart; the fix is to
+# download again (`git lfs pull` for a pointer). A file written by PyTorch before 1.6, or with
+# `_use_new_zipfile_serialization=False`, is not a zip either, and still loads.
 
 # %%
 for path in (html_page, lfs_pointer, plain, atomic):

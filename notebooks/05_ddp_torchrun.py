@@ -29,7 +29,7 @@
 # Each `torchrun` launch starts fresh Python processes that import torch (about 1.5 s each on a 2-core
 # CPU), and the launches make up nearly all of the *Run All* time.
 #
-# **Run All:** 36 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 44 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import json
@@ -369,10 +369,19 @@ with one_process_group(), expect_error(RuntimeError, match="Expected to have fin
     two_steps(DistributedDataParallel(WithAnIdleHead()))
 
 # %% [markdown]
-# The fix is to make every parameter DDP tracks take part: use or delete the idle layer, or freeze it
-# (`requires_grad_(False)`; DDP ignores frozen parameters). `find_unused_parameters=True` is for models whose
-# unused set changes from step to step (a branch taken only sometimes): it walks the autograd graph after
-# every forward to find them, which costs time on every step.
+# The message ends with the *indices* of the parameters that got no gradient, in `named_parameters()`
+# order; their names:
+
+# %%
+print([name for i, (name, _) in enumerate(WithAnIdleHead().named_parameters()) if i in (4, 5)])
+assert [name for name, _ in WithAnIdleHead().named_parameters()][4:6] == ["aux_head.weight", "aux_head.bias"]
+
+# %% [markdown]
+# (With `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment before the process group starts, DDP prints the
+# names itself.) The fix is to make every parameter DDP tracks take part: use or delete the idle layer, or
+# freeze it (`requires_grad_(False)`; DDP ignores frozen parameters). `find_unused_parameters=True` is for
+# models whose unused set changes from step to step (a branch taken only sometimes): it walks the autograd
+# graph after every forward to find them, which costs time on every step.
 
 # %%
 with one_process_group():

@@ -32,7 +32,7 @@
 # headers. On a GPU the same cells time the GPU. Speed-ups this hardware does not give are reported as such,
 # and a comparison a busy machine cannot decide is printed as "no significant difference", never failed.
 #
-# **Run All:** 29 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 34 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -115,9 +115,10 @@ assert half_logits.dtype == torch.float16 and 0 < half_error < 0.01 * span   # r
 assert 0.45 < saved_bytes(half_model) / saved_bytes(model) < 0.55            # every weight went to 2 bytes
 
 # %% [markdown]
-# A float16 model runs only as far as each of its operations has a float16 kernel on the device. Linear
-# algebra has none (here the Cholesky factor of a covariance, as a Mahalanobis-distance score needs). The fix
-# is to run that one step in float32 and convert its result:
+# A float16 model runs only as far as each of its operations has a float16 kernel on the device. The
+# decompositions of `torch.linalg` have none, on the CPU or on CUDA (here the Cholesky factor of a
+# covariance, as a Mahalanobis-distance score needs). The fix is to run that one step in float32 and convert
+# its result:
 
 # %%
 covariance = torch.eye(4, device=device) + 0.1                 # symmetric positive definite
@@ -126,38 +127,6 @@ with expect_error((RuntimeError, NotImplementedError), match="not implemented fo
 factor = torch.linalg.cholesky(covariance).half()              # float32 for this step, then float16
 print("cholesky in float32, then .half():", factor.dtype)
 torch.testing.assert_close(factor.float() @ factor.float().T, covariance, atol=2e-3, rtol=0)
-
-# %% [markdown]
-# For **training**, `.half()` has a second trap. float16 gradients underflow to zero, so float16 training
-# multiplies the loss by a large factor before `backward()` (`torch.amp.GradScaler`) and divides the
-# gradients by it before the step. The scaler refuses float16 weights outright:
-
-# %%
-scaler = torch.amp.GradScaler(device.type)
-labels = reference.argmax(-1).clone()                         # clone: a normal tensor, usable by autograd
-train_half = copy.deepcopy(model).half().train()
-optimizer = torch.optim.SGD(train_half.parameters(), lr=0.01)
-scaler.scale(nn.functional.cross_entropy(train_half(batch.half()).float(), labels)).backward()
-with expect_error(ValueError, match="Attempting to unscale FP16 gradients"):
-    scaler.step(optimizer)
-
-# %% [markdown]
-# The fix is the next option below: keep the weights in float32 and run the forward pass under
-# `autocast` in float16; the scaler then works on float32 weights and their float32 gradients:
-
-# %%
-train_fp32 = copy.deepcopy(model).train()
-optimizer = torch.optim.SGD(train_fp32.parameters(), lr=0.01)
-before = train_fp32.net[0].weight.detach().clone()
-with torch.autocast(device_type=device.type, dtype=torch.float16):
-    loss = nn.functional.cross_entropy(train_fp32(batch), labels)
-scaler.scale(loss).backward()
-scaler.step(optimizer)
-scaler.update()
-print(f"float32 weights, float16 autocast: loss {loss.item():.3f} ({loss.dtype}), one step taken; "
-      f"gradients {train_fp32.net[0].weight.grad.dtype}")
-assert train_fp32.net[0].weight.dtype == train_fp32.net[0].weight.grad.dtype == torch.float32
-assert not torch.equal(before, train_fp32.net[0].weight)
 
 # %% [markdown]
 # **`autocast`.** The weights stay float32; inside the context each operation runs in the reduced type
@@ -181,6 +150,41 @@ assert probabilities.dtype == (torch.float32 if device.type == "cuda" else torch
 assert 0 < error < 0.05 * span                                     # close, not identical: lower precision
 assert {p.dtype for p in model.parameters()} == {torch.float32}    # autocast converted no weight in place
 assert {p.dtype for p in half_model.parameters()} == {torch.float16}
+
+# %% [markdown]
+# For **training**, `.half()` has a second trap. float16 gradients underflow to zero, so float16 training
+# multiplies the loss by a large factor before `backward()` (`torch.amp.GradScaler`) and divides the
+# gradients by it before the step. The scaler refuses to unscale float16 gradients, which is what a
+# `.half()` model's parameters get; the error comes at `scaler.step`, after the backward pass has run:
+
+# %%
+scaler = torch.amp.GradScaler(device.type)
+labels = reference.argmax(-1).clone()                         # clone: a normal tensor, usable by autograd
+train_half = copy.deepcopy(model).half().train()
+optimizer = torch.optim.SGD(train_half.parameters(), lr=0.01)
+scaler.scale(nn.functional.cross_entropy(train_half(batch.half()).float(), labels)).backward()
+with expect_error(ValueError, match="Attempting to unscale FP16 gradients"):
+    scaler.step(optimizer)
+
+# %% [markdown]
+# The fix is `autocast`, as above, with float16: the weights stay float32, so their gradients are float32
+# and the scaler can unscale them. `scaler.update()` after each step adjusts the factor (smaller after a
+# step with Inf/NaN gradients, which it skips; larger after a run of good ones):
+
+# %%
+scaler = torch.amp.GradScaler(device.type)                     # a fresh scaler
+train_fp32 = copy.deepcopy(model).train()
+optimizer = torch.optim.SGD(train_fp32.parameters(), lr=0.01)
+before = train_fp32.net[0].weight.detach().clone()
+with torch.autocast(device_type=device.type, dtype=torch.float16):
+    loss = nn.functional.cross_entropy(train_fp32(batch), labels)
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+print(f"float32 weights, float16 autocast: loss {loss.item():.3f} ({loss.dtype}), one step taken; "
+      f"gradients {train_fp32.net[0].weight.grad.dtype}")
+assert train_fp32.net[0].weight.dtype == train_fp32.net[0].weight.grad.dtype == torch.float32
+assert not torch.equal(before, train_fp32.net[0].weight)
 
 # %% [markdown]
 # bfloat16 is the autocast type on CPUs and on GPUs from compute capability 8.0 (Ampere); older GPUs emulate
@@ -584,14 +588,15 @@ class SpectrumFeatures(nn.Module):
 spectrum = SpectrumFeatures().eval()
 with warnings.catch_warnings(), capture_process_output("stdout") as exporter_log:   # its C++ graph dump
     warnings.simplefilter("ignore", DeprecationWarning)      # the old exporter announces its retirement
-    with expect_error(Exception, match="Exporting the operator 'aten::fft_rfft' to ONNX opset version 17"):
+    with expect_error(torch.onnx.errors.UnsupportedOperatorError, match="Exporting the operator 'aten::fft_rfft'"):
         torch.onnx.export(spectrum, (torch.randn(2, 256),), "artifacts/ch6/spectrum_old.onnx", dynamo=False,
                           opset_version=17)
 print(f"(the old exporter also dumped its graph, {len(exporter_log.text.splitlines())} lines, on the process's stdout)")
 
 # %% [markdown]
-# The `torch.export`-based exporter (`dynamo=True`, the default since PyTorch 2.9, opset 18 and later)
-# translates it; check the file against PyTorch as for any export:
+# A higher `opset_version` does not help (opset 20 fails the same way): this exporter has no translation of
+# the FFT at any opset. The `torch.export`-based exporter (`dynamo=True`, the default since PyTorch 2.9,
+# opset 18 and later) translates it; check the file against PyTorch as for any export:
 
 # %%
 spectrum_path = export_onnx(spectrum, (torch.randn(1, 256),), "artifacts/ch6/spectrum.onnx")
@@ -1023,7 +1028,7 @@ check_count_graph_breaks(count_graph_breaks)
 # | You see | Likely cause | Where this chapter shows it |
 # |---|---|---|
 # | `RuntimeError: mat1 and mat2 must have the same dtype` | `.half()` model with float32 input: half the input, or use autocast | 1, first cell |
-# | `NotImplementedError: "cholesky_cpu" not implemented for 'Half'` | an operation without a float16 kernel on this device: run it in float32, or use autocast | 1, the Cholesky cell |
+# | `NotImplementedError: "cholesky_cpu" not implemented for 'Half'` (`cholesky_cuda` on a GPU) | an operation without a float16 kernel on this device: run that step in float32 | 1, the Cholesky cell |
 # | `ValueError: Attempting to unscale FP16 gradients.` | `GradScaler` with a `.half()` model: float32 weights under float16 autocast | 1, the GradScaler cells |
 # | autocast or float16 slower than float32 | no fast low-precision units on this device | 1, `benchmark` of the precisions |
 # | one variant "faster" in one cell, slower in the next | timed in separate cells on a shared machine: time them interleaved | 1, the round-robin cell and `benchmark` |

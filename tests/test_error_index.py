@@ -208,3 +208,23 @@ def test_the_vocabulary_of_an_area_places_an_unknown_pytorch_message():
 def test_a_message_from_a_part_no_chapter_teaches_is_left_unplaced():
     # torch/utils/cpp_extension.py: building C++/CUDA extensions is not in the course
     assert explain("OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.") is None
+
+
+def test_a_library_string_is_placed_in_the_file_that_precedes_it(tmp_path):
+    package = tmp_path / "torch"
+    (package / "lib").mkdir(parents=True)
+    (package / "lib" / "libtorch_fake.so").write_bytes(
+        b"\x00\x01/__w/pytorch/pytorch/torch/csrc/distributed/c10d/reducer.cpp\x00"
+        b"Expected to have finished reduction in the prior iteration\x00\x02short\x00"
+        b"/__w/pytorch/pytorch/third_party/miniz-3.0.2/miniz.c\x00failed finding central directory\x00"
+        + b"\x00" * (build_error_index.LAYOUT_REACH + 10) + b"too far from any file to be placed, it is invalid\x00")
+    found = {e["t"]: e["file"] for e in build_error_index.layout_templates(package)}
+    assert found == {"Expected to have finished reduction in the prior iteration": "torch/csrc/distributed/c10d/reducer.cpp",
+                     "failed finding central directory": "third_party/miniz-3.0.2/miniz.c"}
+
+
+def test_a_cpp_message_without_source_is_placed_by_the_library_layout():
+    error = raised(lambda: torch.ones(3).index_select(0, torch.tensor([1.0])))   # TensorAdvancedIndexing.cpp
+    got = explain(error)
+    assert got.chapter == 3 and got.confidence == "low", got
+    assert "TensorAdvancedIndexing.cpp (the file is inferred from the library's layout)" in got.origin

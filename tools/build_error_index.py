@@ -11,6 +11,9 @@ Every message PyTorch raises is written once in its sources, with holes for the 
   copied from pytorch/pytorch (their commits listed in DIR/MANIFEST.tsv). A C++ template is kept only
   when each of its literal pieces is a string in the installed wheel's shared libraries, so the index
   holds what this torch build can raise, not what another commit once said.
+* The rest of the C++ messages, whose sources are not at hand: each string of the shared libraries that
+  reads like an error message, with the source file inferred from where it lies in the library (see
+  `layout_templates`).
 
 Writes `course_utils/data/error_templates-<torch version>.json.gz`. Run it once per pinned torch:
 
@@ -275,24 +278,64 @@ def cpp_templates(path: Path, relative: str) -> list[dict]:
     return out
 
 
-def library_strings(package: Path, minimum: int = 6) -> set[str]:
-    """The printable strings of the wheel's shared libraries: binutils' `strings -a` where it exists (a few
-    seconds for a GiB), else the same scan in Python (about a minute)."""
-    libraries = sorted((package / "lib").glob("*.so*")) + sorted(package.glob("_C*.so"))
+def _libraries(package: Path) -> list[Path]:
+    return sorted((package / "lib").glob("*.so*")) + sorted(package.glob("_C*.so"))
+
+
+def library_strings(library: Path, minimum: int = 6) -> list[tuple[int, str]]:
+    """(byte offset, text) of each printable string of one shared library, in file order: binutils'
+    `strings -a -t d` where it exists (seconds for a GiB), else the same scan in Python (about a minute)."""
     if shutil.which("strings"):
-        out = subprocess.run(["strings", "-a", "-n", str(minimum), *map(str, libraries)], capture_output=True,
-                             check=True).stdout
-        return set(out.decode("ascii", errors="replace").splitlines())
-    found: set[str] = set()
-    for library in libraries:
-        found.update(s.decode("ascii") for s in re.findall(rb"[\x20-\x7e\t]{%d,}" % minimum, library.read_bytes()))
-    return found
+        out = subprocess.run(["strings", "-a", "-t", "d", "-n", str(minimum), str(library)], capture_output=True,
+                             check=True).stdout.decode("ascii", errors="replace")
+        return [(int(offset), text) for offset, _, text in
+                (line.strip(" ").partition(" ") for line in out.splitlines()) if offset.isdigit()]
+    return [(m.start(), m.group().decode("ascii"))
+            for m in re.finditer(rb"[\x20-\x7e\t]{%d,}" % minimum, library.read_bytes())]
+
+
+# A string of a shared library belongs to the translation unit whose __FILE__ path precedes it: the linker
+# lays out each object file's strings together, and a TORCH_CHECK stores its file's path among them. On the
+# four C++ source files this index also reads, the nearest preceding path within 20 KB names the right file
+# for 103 of 107 message pieces (none was placed beyond 20 KB; past the last PyTorch file lie oneDNN's and
+# protobuf's strings, which the limit keeps out). Any source path counts as a mark, third_party/ ones too
+# (miniz, fmt, ...), so a vendored library's strings land in its own file, which no chapter teaches.
+_FILE_MARK = re.compile(r'(?:^|")(?:[\w/.+-]*/pytorch/)?((?:[\w.+-]+/)+[\w.+-]+\.(?:c|cpp|cu|cc|h|hpp|cuh))(?:"|$|:)')
+_ERROR_WORDS = re.compile(r"\b(expected|expects|must|should|cannot|can't|could not|not|invalid|unsupported|failed|"
+                          r"error|only|mismatch|out of|exceeds?|requires?|supported|unable|missing|wrong|illegal|"
+                          r"too (large|small|many|few)|unknown|timed out|timeout)\b", re.IGNORECASE)
+LAYOUT_REACH = 20_000
+
+
+def _message_like(text: str) -> bool:
+    """A library string that reads like (part of) an error message, not a path, an operator schema, or the
+    generated `Expected x to be true, but got false` of a TORCH_CHECK without a message."""
+    return (len(text) >= MIN_LITERAL and " " in text and len(re.findall(r"[A-Za-z]{2,}", text)) >= 3
+            and bool(_ERROR_WORDS.search(text)) and not _FILE_MARK.search(text)
+            and not text.startswith(("aten::", "prim::")) and "(Tensor" not in text
+            and "to be true, but got false" not in text)
+
+
+def layout_templates(package: Path) -> list[dict]:
+    """Message pieces of the libraries that no source file gave, each with the file the layout places it in."""
+    out = []
+    for library in _libraries(package):
+        mark_offset, mark_file = None, None
+        for offset, text in library_strings(library):
+            mark = _FILE_MARK.search(text)
+            if mark:
+                mark_offset, mark_file = offset, mark.group(1).removeprefix("aten/src/")   # third_party/...: untaught
+                continue
+            text = squeeze(text).strip()
+            if mark_offset is not None and offset - mark_offset <= LAYOUT_REACH and _message_like(text):
+                out.append({"t": text, "file": mark_file, "function": "", "error": "library string"})
+    return out
 
 
 def library_index(package: Path) -> tuple[set[str], str]:
     """The libraries' strings, whitespace squeezed as in the templates: as a set (most literal pieces are
     one whole string) and joined into one text (for the pieces that are part of a longer string)."""
-    strings = {squeeze(s).strip() for s in library_strings(package)}
+    strings = {squeeze(text).strip() for library in _libraries(package) for _, text in library_strings(library)}
     return strings, " ".join(strings)
 
 
@@ -325,12 +368,16 @@ def build(cpp_source: Path | None) -> dict:
     cpp, manifest = header_and_source_templates(package, cpp_source)
     index = library_index(package)
     cpp_kept = [entry for entry in cpp if in_library(entry["t"], index)]
-    templates = sorted({json.dumps(e, sort_keys=True) for e in python + cpp_kept})
+    known = " ".join(e["t"] for e in cpp_kept)
+    layout = {e["t"]: e for e in layout_templates(package) if e["t"] not in known}     # first place wins
+    templates = sorted({json.dumps(e, sort_keys=True) for e in python + cpp_kept + list(layout.values())})
     return {"torch": torch.__version__.split("+")[0],
             "python_source": f"torch {torch.__version__} wheel, {package.name}/**/*.py",
             "cpp_source": {"headers": f"torch {torch.__version__} wheel, torch/include",
                            "pytorch/pytorch files (path: commit)": manifest,
-                           "kept": f"{len(cpp_kept)} of {len(cpp)} C++ templates found in this wheel's libraries"},
+                           "kept": f"{len(cpp_kept)} of {len(cpp)} C++ templates found in this wheel's libraries",
+                           "library strings": f"{len(layout)} message pieces of the libraries, file inferred from "
+                                              f"their layout (error: 'library string')"},
             "templates": [json.loads(e) for e in templates]}
 
 
