@@ -5,10 +5,13 @@ works for all of them. The exercise checks (course scaffolding, not tools) live 
 `course_utils.exercises`, one module per chapter, and are re-exported here too.
 """
 from course_utils.autograd import LineFit, fit_line
+from course_utils.broken_project import StageReport, check_distributed, check_export, check_resume, check_training
 from course_utils.checkpoints import (CheckpointError, LoadReport, load_checkpoint, load_matching_state_dict,
                                       remove_stale_partials, save_checkpoint, saved_as_if_on)
 from course_utils.data import LoaderStats, SyntheticImages, benchmark_loader, compare_pinned_copy
 from course_utils.devices import DeviceMismatchError, check_devices, get_device, named_tensors, to_device, torch_threads
+from course_utils.diagnose import Diagnosis, diagnose
+from course_utils.diagnosis_rules import Finding
 from course_utils.distributed import (TorchrunFailed, TorchrunResult, count_allreduces, free_port, free_ports,
                                       global_batch_size, is_main_process, launch_torchrun, rank_zero_only,
                                       script_variant, seed_for_rank, shard_indices, single_process_group,

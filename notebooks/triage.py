@@ -20,11 +20,12 @@
 # below, ask its first question, and open the section that reproduces it (each link opens the section in
 # JupyterLab). An error *message* goes to `explain()`, at the bottom of this page.
 #
-# **Run All:** 1.5 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 4.8 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # | You see | Ask first | Where the course reproduces it |
 # |---|---|---|
 # | Training is slow | Is the GPU (or are the cores) busy, or waiting for the next batch? | [2 §1 is the GPU busy?](02_data_and_modules.ipynb#heading=Training-is-slow:-is-the-GPU-busy?), [2 §1 `num_workers`](02_data_and_modules.ipynb#heading=1.-num_workers:-let-other-processes-prepare-the-next-batches), [2 §1 workers × processes](02_data_and_modules.ipynb#heading=Workers-%C3%97-processes-per-machine,-against-the-core-count) |
+# | No error, but it does not learn, or learns worse than it should, and you cannot see why | What do the gradients, the modes and the loss's inputs show while it trains? Run the unchanged script under `diagnose` (below), then walk data → model → step | [7 §1 the symptom](07_broken_project.ipynb#heading=1.-The-symptom), [7 §2 stage 1](07_broken_project.ipynb#heading=2.-Stage-1:-does-it-train?) |
 # | The loss does not go down; some weights never change | Did every parameter get a gradient, and did the optimizer see it? | [1 §5 forgotten `zero_()`](01_tensors_autograd.ipynb#heading=5.-Pitfall:-forgetting-grad.zero_(),-and-other-update-mistakes), [2 §4 layers in a plain list](02_data_and_modules.ipynb#heading=4.-Layers-in-a-plain-Python-list,-a-tensor-that-should-be-a-buffer), [2 §6 the training step](02_data_and_modules.ipynb#heading=6.-The-training-step,-written-out) |
 # | The loss grows step after step, then turns `inf`/`nan` | Is the learning rate above what this model tolerates (Adam's too)? | [1 §7 learning rate](01_tensors_autograd.ipynb#heading=7.-Explore:-learning-rate-and-steps), [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
 # | A deep network's loss stays at "predict the mean" from the first step | Do the activations vanish (or explode) layer after layer? The initialisation | [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
@@ -82,3 +83,37 @@ assert any("'state_dict' entry" in cause for cause in explanation.causes)
 # %%
 assert explain("KeyError: 'learning_rate'") is None
 print(explain("KeyError: 'learning_rate'"))
+
+# %% [markdown]
+# ## No error at all: `diagnose`
+#
+# The worst bugs raise nothing. `diagnose` runs an unchanged training script (`./course diagnose train.py`
+# from a terminal) with PyTorch's global module and optimizer hooks installed first, and names what the run
+# shows — here a loop that never clears its gradients, written to a file as you would write it:
+
+# %%
+import tempfile
+from pathlib import Path
+
+from course_utils import diagnose
+
+script = Path(tempfile.mkdtemp()) / "train.py"
+script.write_text("""
+import torch
+from torch import nn
+torch.manual_seed(0)
+x = torch.randn(256, 8)
+y = (x[:, 0] > 0).long()
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(50):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+""")
+diagnosis = diagnose(script)
+diagnosis
+
+# %%
+assert diagnosis.rules() == ["grad-not-cleared"] and diagnosis.findings[0].chapter == 1
+

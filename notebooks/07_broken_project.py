@@ -1,0 +1,286 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 7 — The broken project
+#
+# **You will be able to:** take over someone else's training project that "runs but does not work", start
+# from the symptom, walk the triage order (data, then model, then the training step, then what happens
+# around training: resuming, several processes, export), find each bug with the PyTorch you learned in
+# chapters 1–6, fix it in the files, and prove the fix with a check.
+#
+# Every chapter so far showed one pitfall in a cell built for it. Real bugs arrive together, silently, in
+# code you did not write. The project in `broken_project/` is a few hundred lines a practitioner would
+# write — a data module, a small CNN, a training script with checkpoints, resume and `torchrun` support,
+# an ONNX export — with **eleven bugs planted from chapters 1–6**. Ten of them raise no error: the project
+# trains, just wrongly. Two tools help: `diagnose`, which watches the unchanged training script and names
+# what its gradients, modes and inputs show, and `explain`, which reads an error message. They do not name
+# every bug: some need your own reasoning, and the text says where.
+#
+# **How to work.** Open the files in JupyterLab's file browser (`broken_project/`), edit, save, and run the
+# stage's check cell again. `bp.reset(folder)` gives you the broken project back at any time. Each check
+# runs the project's own scripts in fresh processes, as you would from a terminal, and says what it observed.
+#
+# **Run All:** 35 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+
+# %%
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import torch
+from torch import nn
+
+from course_utils import broken_project as bp
+from course_utils import explain, hardware_summary, progress
+from course_utils.exercises import solutions_in_place
+
+print(hardware_summary())
+folder = bp.project_folder("broken_project")     # created broken the first time; your edited copy afterwards
+SHIPPED = bp.as_shipped(folder)                  # every planted bug still in place?
+for name in bp.FILES:
+    print(f"broken_project/{name:10s} {len((folder / name).read_text().splitlines()):4d} lines")
+print("the files are as shipped (every bug planted)" if SHIPPED else "the files have been edited (or fixed)")
+
+# %% [markdown]
+# The cells below **assert** the symptoms they show while the files are as shipped (`SHIPPED`); once you
+# edit the files, they show what your version does instead.
+#
+# ## 1. The symptom
+#
+# The colleague who wrote it says: "`train.py` runs, but the loss is `nan` and the accuracy stays at
+# 25 %" — chance, for four classes. Run it as they did (a terminal's `python train.py --epochs 3`):
+
+# %%
+def run(*args: str) -> subprocess.CompletedProcess:
+    """One of the project's scripts, run from its folder, its output shown."""
+    done = subprocess.run([sys.executable, *args], cwd=folder, capture_output=True, text=True, timeout=300)
+    print((done.stdout + done.stderr)[-2500:])
+    return done
+
+
+first = run("train.py", "--epochs", "3", "--log-file", "symptom_log.jsonl")
+(folder / "symptom_log.jsonl").unlink(missing_ok=True)
+epochs = [json.loads(line) for line in first.stdout.splitlines() if line.startswith("{")]
+if SHIPPED:
+    assert first.returncode == 0 and all(math.isnan(e["loss"]) for e in epochs)
+    assert epochs[-1]["val_accuracy"] <= 0.3
+
+# %% [markdown]
+# No exception, no warning: nothing to paste into `explain`. This is where the **triage order** starts:
+# the data first (is what goes in sane?), then the model (does it compute what you think, and is every
+# layer trained?), then the training step (chapter 2's order), then numerics.
+#
+# ## 2. Stage 1: does it train?
+#
+# ### 2.1 The data, with plain PyTorch
+#
+# Import the project's `data.py` as its own code would (a fresh import each time, since you will edit it)
+# and look at one batch: its values and its labels.
+
+# %%
+def load(module: str):
+    """A fresh import of broken_project/<module>.py (it changes as you fix it)."""
+    spec = importlib.util.spec_from_file_location(f"broken_project_{module}", folder / f"{module}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(folder))              # its own `from model import ...` lines
+    try:
+        spec.loader.exec_module(loaded)
+    finally:
+        sys.path.remove(str(folder))
+    return loaded
+
+
+data = load("data")
+train_loader, val_loader, sampler = data.loaders(batch_size=64)
+images, labels = next(iter(train_loader))
+bad = ~torch.isfinite(images)
+print("batch", tuple(images.shape), "| non-finite values:", int(bad.sum()),
+      "| in image rows", sorted(set(bad.nonzero()[:, 2].tolist())))
+print("labels of the first batch:", labels[:16].tolist(), "...")
+print("classes per batch, first 5 batches:", [len(y.unique()) for _, y in list(train_loader)[:5]])
+if SHIPPED:
+    assert bad.any() and set(bad.nonzero()[:, 2].tolist()) == {0}
+    assert all(len(y.unique()) == 1 for _, y in list(train_loader)[:5])
+
+# %% [markdown]
+# Two findings, each from one line of plain PyTorch:
+# - **NaN in row 0 of every image.** `data.py` normalises with a mean and std *per pixel* (`mean(0)`,
+#   `std(0)`); the scanner leaves the top row black in every image, so its std is 0 and `(0 - 0) / 0` is NaN
+#   (chapter 3, section 4: data first). A scalar mean and std over the training set — or an epsilon — fixes it.
+# - **One class per batch.** The images are stored class by class (like a folder per class) and the sampler
+#   does not shuffle, so every batch holds one class and the model chases the last one it saw (chapter 2).
+#
+# ### 2.2 The model, with plain PyTorch
+#
+# Count what the optimizer will see, and look at what the model outputs.
+
+# %%
+model = load("model").ShapesNet()
+registered = [name for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+print(model)
+print("Conv2d layers in model.named_modules():", registered)
+print("parameters model.parameters() hands the optimizer:", sum(p.numel() for p in model.parameters()))
+with torch.no_grad():
+    out = model.eval()(torch.randn(4, 1, 16, 16))
+print("each output row sums to:", [round(v, 4) for v in out.sum(1).tolist()])
+if SHIPPED:
+    assert registered == [] and torch.allclose(out.sum(1), torch.ones(4))
+
+# %% [markdown]
+# - **No convolution is registered.** `print(model)` shows only the dropout and the head: the blocks are in a
+#   plain Python list, so `model.parameters()` — and the optimizer — never see them (chapter 2, section 4).
+# - **The rows sum to 1**: the model ends in a softmax, and the script feeds that to `nn.CrossEntropyLoss`,
+#   which applies `log_softmax` itself (chapter 2).
+#
+# ### 2.3 The whole run, watched: `diagnose`
+#
+# The training step's bugs do not show in a batch or a model printout; they show in what happens step after
+# step. `diagnose` runs the unchanged `train.py` in a child process with PyTorch's global module and optimizer
+# hooks installed first, and names what the gradients, the modes and the loss inputs show. `check_training`
+# runs it on six epochs and also asks for 95 % validation accuracy.
+
+# %%
+stage1 = bp.check_training(folder)
+stage1
+
+# %%
+stage1_rules = set(stage1.diagnosis.rules())
+if SHIPPED:
+    assert not stage1.passed
+    assert {"nonfinite-input", "unshuffled-data", "param-not-in-optimizer", "double-softmax",
+            "grad-not-cleared", "eval-mode-training"} <= stage1_rules, stage1_rules
+if solutions_in_place():
+    assert stage1.passed and not stage1_rules
+
+# %% [markdown]
+# Each finding names its chapter. Read the one you do not recognise in that chapter, then find the line:
+#
+# | `diagnose` says | What it saw | Chapter |
+# |---|---|---|
+# | `nonfinite-input` | NaN in a batch before the model | 3 §4 |
+# | `unshuffled-data` | almost every batch holds one class | 2 §1 |
+# | `param-not-in-optimizer` | the blocks got gradients but never changed | 2 §4 |
+# | `double-softmax` | `cross_entropy` fed rows that sum to 1, from a softmax | 2 §6 |
+# | `grad-not-cleared` | each backward added onto the gradient of the previous update | 1 §5 |
+# | `eval-mode-training` | the model trained in eval mode after the first validation | 2 §8 |
+# | `sampler-without-set-epoch` | the sampler shuffled the same way every epoch | 5 |
+#
+# **Exercise 1 — stage 1 (there are 7 bugs, in `data.py`, `model.py` and `train.py`).** Fix them in the
+# files and run the check cell above again until it says PASSED. Fix one at a time and re-run: a bug can
+# hide behind another — the last row of the table appears only once the sampler shuffles at all.
+#
+# ## 3. Stage 2: does `--resume` continue exactly?
+#
+# A resumable checkpoint holds everything the next step depends on (chapter 4): the model, the optimizer's
+# state, where training was, and the random number generators. Look at what the script writes, with plain
+# `torch.load`:
+
+# %%
+run("train.py", "--epochs", "1", "--checkpoint", "peek.pt", "--log-file", "peek.jsonl")
+checkpoint = torch.load(folder / "peek.pt", map_location="cpu", weights_only=True)
+print({key: type(value).__name__ for key, value in checkpoint.items()})
+for name in ("peek.pt", "peek.jsonl"):
+    (folder / name).unlink(missing_ok=True)
+
+# %% [markdown]
+# The file holds all four. Whether `--resume` *uses* them is another question: `check_resume` trains four
+# epochs in one run, then two epochs and `--resume` to four, compares the logs and the final weights, and
+# watches the resumed run with `diagnose`.
+
+# %%
+stage2 = bp.check_resume(folder)
+stage2
+
+# %%
+if SHIPPED:
+    assert not stage2.passed and "resume-without-optimizer-state" in stage2.diagnosis.rules()
+    assert "[0, 1, 1, 2, 3]" in stage2.observations[0]
+if solutions_in_place():
+    assert stage2.passed
+
+# %% [markdown]
+# `diagnose` names one bug: the optimizer's state is in the file but never loaded, so SGD's momentum starts
+# from zero again. The other needs your reasoning — it leaves no trace in gradients or modes, only in the
+# **log**: look at the epochs the resumed run logged, and at the line of `train.py` that decides where it
+# starts.
+#
+# **Exercise 2 — stage 2 (there are 2 bugs, in `train.py`).** Fix them and run the check again.
+#
+# ## 4. Stage 3: two processes
+#
+# The script is written for `torchrun` (chapter 5). `check_distributed` launches it on two processes
+# (`gloo`, on this machine) for two epochs and reads the log it writes.
+
+# %%
+stage3 = bp.check_distributed(folder)
+stage3
+
+# %%
+if SHIPPED:
+    assert not stage3.passed and "[0, 0, 1, 1]" in stage3.observations[1]
+if solutions_in_place():
+    assert stage3.passed
+
+# %% [markdown]
+# Each epoch appears twice. No tool names this one: it raises nothing and trains correctly — every rank
+# simply does what only one should (chapter 5: rank-0-only saving). Two processes appending to one log,
+# and both writing the same checkpoint path, is a race waiting for a bigger job.
+#
+# **Exercise 3 — stage 3 (1 bug, in `train.py`).** Fix it and run the check again.
+#
+# ## 5. Stage 4: the export
+#
+# `export.py` writes `shapes.onnx` for a service that sends batches of any size. `check_export` trains two
+# epochs, runs `export.py`, and compares ONNX Runtime with PyTorch on a batch of 1 and a batch of 8.
+
+# %%
+stage4 = bp.check_export(folder)
+stage4
+
+# %%
+if SHIPPED:
+    assert not stage4.passed
+if solutions_in_place():
+    assert stage4.passed
+
+# %% [markdown]
+# While stage 1's bugs are in place, the export fails on them first (the blocks' BatchNorm buffers, kept in a
+# plain list, are constants to `torch.export`). Once they are fixed, ONNX Runtime rejects the batch sizes:
+# paste its message into `explain()` (it names chapter 6, section 3) and read how the file was exported.
+
+# %%
+explain("onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : "
+        "Got invalid dimensions for input: images for the following indices index: 0 Got: 8 Expected: 2")
+
+# %% [markdown]
+# **Exercise 4 — stage 4 (1 bug, in `export.py`).** Fix it and run the check again.
+#
+# ## 6. What was planted
+#
+# When every stage passes — or to check your list — here is what the project shipped with, and what found
+# each bug. `bp.reset(folder)` starts you over.
+
+# %%
+solved_all = all(report.passed for report in (stage1, stage2, stage3, stage4))
+if solved_all or solutions_in_place():
+    print(f"{'bug':32s} {'chapter':>7s}  {'file':10s} found by")
+    for bug in bp.BUGS:
+        print(f"{bug.id:32s} {bug.chapter:7d}  {bug.file:10s} {bug.found_by}")
+else:
+    print(f"{sum(r.passed for r in (stage1, stage2, stage3, stage4))} of 4 stages pass; the list appears when all do.")
+progress(chapter=7)
