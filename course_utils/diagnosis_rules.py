@@ -319,7 +319,7 @@ def data_order(e: dict) -> list[Finding]:
             and switches <= 0.2 * len(sequence)):
         return [Finding("unshuffled-data", 2,
                         f"{labels['single_class']} of {labels['calls']} training batches held a single class out of "
-                        f"{labels['classes']}: the data come sorted by label; shuffle them (shuffle=True).",
+                        f"{labels['classes']}: the data come sorted by label; shuffle them (shuffle=True, or the shuffle of the loader's sampler).",
                         {"single_class_batches": labels["single_class"], "batches": labels["calls"],
                          "classes": labels["classes"]})]
     for loader in e["loaders"]:

@@ -22,7 +22,7 @@
 # chapters 1–6, fix it in the files, and prove the fix with a check.
 #
 # Every chapter so far showed one pitfall in a cell built for it. Real bugs arrive together, silently, in
-# code you did not write. The project in `broken_project/` is a few hundred lines a practitioner would
+# code you did not write. The project in `broken_project/` is about 200 lines a practitioner would
 # write — a data module, a small CNN, a training script with checkpoints, resume and `torchrun` support,
 # an ONNX export — with **eleven bugs planted from chapters 1–6**. Ten of them raise no error: the project
 # trains, just wrongly. Two tools help: `diagnose`, which watches the unchanged training script and names
@@ -33,7 +33,7 @@
 # stage's check cell again. `bp.reset(folder)` gives you the broken project back at any time. Each check
 # runs the project's own scripts in fresh processes, as you would from a terminal, and says what it observed.
 #
-# **Run All:** 35 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 36 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import importlib.util
@@ -97,11 +97,15 @@ def load(module: str):
     """A fresh import of broken_project/<module>.py (it changes as you fix it)."""
     spec = importlib.util.spec_from_file_location(f"broken_project_{module}", folder / f"{module}.py")
     loaded = importlib.util.module_from_spec(spec)
+    before = set(sys.modules)
     sys.path.insert(0, str(folder))              # its own `from model import ...` lines
     try:
         spec.loader.exec_module(loaded)
     finally:
         sys.path.remove(str(folder))
+        for name in set(sys.modules) - before:   # forget the project's files: the next load reads your edits
+            if str(folder.resolve()) in str(getattr(sys.modules[name], "__file__", "")):
+                del sys.modules[name]
     return loaded
 
 
@@ -118,12 +122,13 @@ if SHIPPED:
     assert all(len(y.unique()) == 1 for _, y in list(train_loader)[:5])
 
 # %% [markdown]
-# Two findings, each from one line of plain PyTorch:
-# - **NaN in row 0 of every image.** `data.py` normalises with a mean and std *per pixel* (`mean(0)`,
-#   `std(0)`); the scanner leaves the top row black in every image, so its std is 0 and `(0 - 0) / 0` is NaN
-#   (chapter 3, section 4: data first). A scalar mean and std over the training set — or an epsilon — fixes it.
-# - **One class per batch.** The images are stored class by class (like a folder per class) and the sampler
-#   does not shuffle, so every batch holds one class and the model chases the last one it saw (chapter 2).
+# Two questions, each raised by one line of plain PyTorch (chapter 3 §4: the data first):
+# - **Where do the NaN come from?** They all sit in one image row. Read `normalise` and the line that computes
+#   its `mean` and `std` in `data.py`: what does it divide by for a row that is the same in every image
+#   (`draw` says what the scanner does to row 0)? Print that value.
+# - **Why one class per batch?** Look at how `make_shapes` orders the labels, then at what decides the order
+#   of the batches. With a `sampler=`, the order comes from the sampler's own arguments, not from the
+#   `DataLoader`'s (which refuses `shuffle=True` beside a sampler); chapter 5 §3 builds this sampler.
 #
 # ### 2.2 The model, with plain PyTorch
 #
@@ -142,10 +147,12 @@ if SHIPPED:
     assert registered == [] and torch.allclose(out.sum(1), torch.ones(4))
 
 # %% [markdown]
-# - **No convolution is registered.** `print(model)` shows only the dropout and the head: the blocks are in a
-#   plain Python list, so `model.parameters()` — and the optimizer — never see them (chapter 2, section 4).
-# - **The rows sum to 1**: the model ends in a softmax, and the script feeds that to `nn.CrossEntropyLoss`,
-#   which applies `log_softmax` itself (chapter 2).
+# Two more questions:
+# - **Where are the convolutions?** `__init__` builds two blocks, yet `print(model)` and `named_modules()` do not
+#   list them, and the optimizer gets `model.parameters()`. Chapter 2 §4 shows what a module must be held in to
+#   be registered.
+# - **Why do the rows sum to 1?** Look at the last line of `forward`, then at the loss `train.py` uses: what does
+#   `nn.CrossEntropyLoss` do to its input first (chapter 3 §5, `log(softmax(x))`)?
 #
 # ### 2.3 The whole run, watched: `diagnose`
 #
@@ -173,13 +180,31 @@ if solutions_in_place():
 # | `diagnose` says | What it saw | Chapter |
 # |---|---|---|
 # | `nonfinite-input` | NaN in a batch before the model | 3 §4 |
-# | `unshuffled-data` | almost every batch holds one class | 2 §1 |
+# | `unshuffled-data` | almost every batch holds one class | 5 §3 (the sampler's arguments) |
 # | `param-not-in-optimizer` | the blocks got gradients but never changed | 2 §4 |
-# | `double-softmax` | `cross_entropy` fed rows that sum to 1, from a softmax | 2 §6 |
+# | `double-softmax` | `cross_entropy` fed rows that sum to 1, from a softmax | 3 §5 |
 # | `grad-not-cleared` | each backward added onto the gradient of the previous update | 1 §5 |
 # | `eval-mode-training` | the model trained in eval mode after the first validation | 2 §8 |
-# | `sampler-without-set-epoch` | the sampler shuffled the same way every epoch | 5 |
+# | `sampler-without-set-epoch` | the sampler shuffled the same way every epoch | 5 §3 |
 #
+# Two of them you can see without the tool, with the script's own functions: does `evaluate` leave the model as
+# it found it, and what happens to a parameter's `.grad` when `backward()` runs twice without clearing?
+#
+# %%
+train_module = load("train")
+probe = load("model").ShapesNet()
+print("training mode before evaluate():", probe.training)
+train_module.evaluate(probe, val_loader)
+print("training mode after evaluate(): ", probe.training)
+x = torch.randn(8, 1, 16, 16)
+grads = []
+for _ in range(2):                              # two backward passes, nothing cleared in between
+    nn.functional.cross_entropy(probe.train()(x), torch.zeros(8, dtype=torch.long)).backward()
+    grads.append(probe.head.weight.grad.clone())
+print("head gradient norm after 1 and 2 backward passes:", [round(g.norm().item(), 4) for g in grads])
+# (the training loop in train.py decides whether the second pass starts from zero)
+
+# %% [markdown]
 # **Exercise 1 — stage 1 (there are 7 bugs, in `data.py`, `model.py` and `train.py`).** Fix them in the
 # files and run the check cell above again until it says PASSED. Fix one at a time and re-run: a bug can
 # hide behind another — the last row of the table appears only once the sampler shuffles at all.
@@ -237,9 +262,16 @@ if solutions_in_place():
     assert stage3.passed
 
 # %% [markdown]
-# Each epoch appears twice. No tool names this one: it raises nothing and trains correctly — every rank
-# simply does what only one should (chapter 5: rank-0-only saving). Two processes appending to one log,
-# and both writing the same checkpoint path, is a race waiting for a bigger job.
+# Read the log the two processes wrote, line by line, with plain Python:
+
+# %%
+for line in (folder / "train_log.jsonl").read_text().splitlines():
+    print(line[:100])
+
+# %% [markdown]
+# No tool names this one: it raises nothing and trains correctly. Which lines of `train.py` run on every rank,
+# and which should run on one (chapter 5)? Two processes appending to one log and writing one checkpoint path
+# is a race waiting for a bigger job.
 #
 # **Exercise 3 — stage 3 (1 bug, in `train.py`).** Fix it and run the check again.
 #
@@ -259,13 +291,27 @@ if solutions_in_place():
     assert stage4.passed
 
 # %% [markdown]
-# While stage 1's bugs are in place, the export fails on them first (the blocks' BatchNorm buffers, kept in a
-# plain list, are constants to `torch.export`). Once they are fixed, ONNX Runtime rejects the batch sizes:
-# paste its message into `explain()` (it names chapter 6, section 3) and read how the file was exported.
+# While the blocks are still in a plain list, `export.py` fails before any ONNX file exists ("Constant ... is
+# mutated in the forward method. Pls register it as buffer": their BatchNorm buffers are not the model's
+# buffers; its `explain` line points at chapter 6 §4, but the cause is §2.2's list). Once stage 1 passes, the
+# file is written and ONNX Runtime rejects the batch sizes: paste the message the check shows into
+# `explain()`, and ask the file itself which input shape it accepts, with plain `onnxruntime`:
 
 # %%
-explain("onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : "
-        "Got invalid dimensions for input: images for the following indices index: 0 Got: 8 Expected: 2")
+import onnxruntime
+
+if (folder / "shapes.onnx").exists():
+    session = onnxruntime.InferenceSession(str(folder / "shapes.onnx"))
+    print("the ONNX file's input:", session.get_inputs()[0].name, session.get_inputs()[0].shape)
+else:
+    print("no shapes.onnx: export.py failed before writing it (see the check above)")
+rejected = [line for line in stage4.observations if "rejected" in line]
+explanation = explain(rejected[0]) if rejected else None
+explanation
+
+# %% [markdown]
+# Chapter 6 §3 exports with a dynamic batch axis: `torch.onnx.export(..., dynamic_shapes=...)`, one entry per
+# argument of `forward` (here `x`, not the ONNX input name `images`). Compare with `export.py`.
 
 # %% [markdown]
 # **Exercise 4 — stage 4 (1 bug, in `export.py`).** Fix it and run the check again.

@@ -79,3 +79,13 @@ def test_the_chapter_runs_unsolved_and_shows_the_symptoms(tmp_path):
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     assert bp.as_shipped(tmp_path / "broken_project")
+
+
+def test_the_stored_run_is_of_a_fresh_broken_copy():
+    """The outputs a learner opens are those of the project as shipped (`./course outputs` resets it), not of
+    a copy some earlier run had fixed."""
+    import json
+    cells = [c for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    text = ["".join(o.get("text", "")) for c in (cells[0], cells[-1]) for o in c["outputs"]]
+    assert "the files are as shipped (every bug planted)" in text[0]
+    assert any("0 of 4 stages pass" in t for t in text[1:])
