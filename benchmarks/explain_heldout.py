@@ -1,13 +1,14 @@
 """`explain()` on the frozen held-out set: the right chapter, false alarms, confidence, time per message.
 
-Run: .venv/bin/python benchmarks/explain_heldout.py [--set 1|2|3]   (default: the latest set, 3; prints the
+Run: .venv/bin/python benchmarks/explain_heldout.py [--set 1|2|3|4]   (default: the latest set, 4; prints the
 table README's "How well explain() knows messages it never saw" shows, which a test keeps in step)
 
 `tests/data/heldout_errors.jsonl` (set 1) was frozen before issue 23's rules and template index were
 written; `heldout2_errors.jsonl` (set 2) after set 1 had been measured and the topic and vocabulary layers
 written; `heldout3_errors.jsonl` (set 3) after set 2 had been measured and the library-layout layer
-written. None is ever used to tune (tests/data/README.md says how each was collected). A PyTorch message counts as
-**right** when `explain` names the chapter its collector labelled; an error that is not PyTorch's counts
+written; `heldout4_errors.jsonl` (set 4) after set 3 had been measured, by the rubric in
+tests/data/HELDOUT_RUBRIC.md, merged by tools/freeze_heldout.py. None is ever used to tune
+(tests/data/README.md says how each was collected). A PyTorch message counts as **right** when `explain` names the chapter its collector labelled; an error that is not PyTorch's counts
 as a **false alarm** when `explain` gives it any chapter. Messages whose wording the development corpus
 gained after the freeze (`tools/corpus_novelty.py`) are reported apart, so the figure on wordings the
 rules never saw stays visible.
@@ -29,11 +30,12 @@ from corpus_novelty import development_texts, seen  # noqa: E402
 from course_utils import explain  # noqa: E402
 from course_utils.error_origin import _index, _vocabulary, template_versions  # noqa: E402
 
-HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in (1, 2, 3)}
-LATEST = 3
+HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in (1, 2, 3, 4)}
+LATEST = 4
 
 
-LAYERS = ("curated rule", "template", "library layout", "traceback frame", "topic", "vocabulary")
+LAYERS = ("curated rule", "template", "library layout", "traceback frame", "exception class", "log record", "topic",
+          "vocabulary")
 
 
 def layer(explanation) -> str:
@@ -47,6 +49,10 @@ def layer(explanation) -> str:
         return "topic"
     if "library's layout" in origin:
         return "library layout"
+    if "its exception class is defined in" in origin:
+        return "exception class"
+    if "it was logged by" in origin:
+        return "log record"
     return "template" if "matches a message written in" in origin else "traceback frame"
 
 

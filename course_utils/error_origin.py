@@ -32,6 +32,7 @@ from pathlib import Path
 
 DATA = Path(__file__).parent / "data"
 HOLE = "\x00"
+STRONG_LITERAL = 40     # a library string this long, found word for word, is PyTorch's message by itself
 MIN_LITERAL = 20        # literal characters a matched template needs before it places a message (tuned on
                         # the development corpus: below 20, generic templates claimed unrelated errors)
 _WORD = re.compile(r"[A-Za-z_]{4,}")
@@ -144,7 +145,7 @@ AREAS: list[tuple[str, Area]] = [
      _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
            "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
            confident=False)),
-    (r"ATen/|c10/|torch/_refs/|torch/_prims|torch/_meta_registrations|torch/_decomp/|torch/functional\.py|"
+    (r"ATen/|c10/|TH/|THC/|THNN/|THCUNN/|torch/_refs/|torch/_prims|torch/_meta_registrations|torch/_decomp/|torch/functional\.py|"
      r"torch/_subclasses/fake_impls|"
      r"torch/_tensor\.py|torch/csrc/utils/|torch/_torch_docs|torch/__init__\.py",
      _area("tensor-ops", "a tensor operation (shapes, dtypes and devices of its arguments)", 1, _BROADCAST,
@@ -166,7 +167,9 @@ def area_of(file: str, function: str = "") -> Area | None:
 class Origin:
     """Where a message was raised: `file` (and `function`, when known) inside PyTorch, and how it was found:
     'template' (the message matches a template from that file), 'library' (it contains a string of PyTorch's
-    libraries placed in that file by their layout) or 'traceback' (a frame of the paste)."""
+    libraries placed in that file by their layout), 'traceback' (a frame of the paste, or a C++ file and line
+    in it), 'exception' (the module of the exception class it names) or 'log' (the module of a PyTorch log
+    record in it)."""
 
     file: str
     function: str
@@ -178,6 +181,10 @@ class Origin:
         if self.found_by == "library":
             return (f"its message is a string of PyTorch's C++ library that lies among those of {where} "
                     f"(the file is inferred from the library's layout)")
+        if self.found_by == "exception":
+            return f"its exception class is defined in {where}"
+        if self.found_by == "log":
+            return f"it was logged by {where}"
         how = "its message matches a message written in" if self.found_by == "template" else \
             "the innermost PyTorch frame of the traceback is"
         return f"{how} {where}"
@@ -200,7 +207,8 @@ class _Template:
         found, position = 0, 0
         for piece in self.pieces:
             at = text.find(piece, position)
-            if at < 0:
+            if at < 0:        # the longest start of this piece (1.x: "... Call .contiguous() before .view().")
+                found += _longest_start(piece, text, position)
                 break
             found, position = found + len(piece), at + len(piece)
         return found if found >= max(MIN_LITERAL, 0.6 * self.literal) else 0
@@ -208,6 +216,19 @@ class _Template:
     @property
     def pieces(self) -> tuple[str, ...]:
         return _pieces(self.text)
+
+
+def _longest_start(piece: str, text: str, position: int) -> int:
+    """Length of the longest start of `piece` found in `text` after `position` (0 below MIN_LITERAL): a
+    binary search, since every start of a start that is found is found too."""
+    low, high = 0, len(piece) - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if text.find(piece[:middle], position) >= 0:
+            low = middle
+        else:
+            high = middle - 1
+    return low if low >= MIN_LITERAL else 0
 
 
 @lru_cache(maxsize=None)
@@ -277,6 +298,11 @@ def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> 
 _PY_FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<function>\S+)|'
                        r'(?P<path2>[^\s"│]+\.py):\d+,? in (?P<function2>[\w.<>]+)')
 _CPP_FRAME = re.compile(r"Exception raised from (\S+) at (\S+?):\d+")
+# a C++ file and line in the message itself: 1.x's "... at /pytorch/aten/src/TH/generic/THTensor.cpp:711",
+# another program's "out of memory (c:\\projects\\lc0\\src\\neural\\cuda\\network_cudnn.cc:442"
+_CPP_LOCATION = re.compile(r"([\w.\\/:-]+?\.(?:cpp|cc|cu|cuh|h|hpp))\s?[:(]\s?\d+")
+_PYTORCH_CPP = re.compile(r"((?:torch/csrc|aten/src|c10|caffe2)/.+)$")
+_OTHERS_CPP_OK = re.compile(r"(^|/)(third_party|gloo|nccl|onnx|onnxruntime\w*|fbgemm|ideep|mkl-dnn)/", flags=re.IGNORECASE)
 
 
 def frames(text: str) -> list[tuple[str | None, str]]:
@@ -292,28 +318,118 @@ def frames(text: str) -> list[tuple[str | None, str]]:
         inside = re.search(r"((?:torch/csrc|aten/src|c10|caffe2)/.+)$", match.group(2).replace("\\", "/"))
         if inside:
             found.append((inside.group(1).removeprefix("aten/src/"), match.group(1)))
+    if not _CPP_FRAME.search(text):
+        for match in _CPP_LOCATION.finditer(text):
+            path = match.group(1).replace("\\", "/")
+            inside = _PYTORCH_CPP.search(path)
+            if inside:      # "aten/src/TH/THStorage.cpp" -> "TH/THStorage.cpp"
+                found.append((inside.group(1).removeprefix("aten/src/"), ""))
+            elif "/" not in path and path in _source_files():     # a log line's "[E ProcessGroupNCCL.cpp:737]"
+                found.append((_source_files()[path], ""))
     return found
+
+
+@lru_cache(maxsize=1)
+def _source_files() -> dict[str, str]:
+    """PyTorch's C++ source files by their base name, for the names whose files all lie in one area."""
+    paths = {t.file for templates in _index()[0].values() for t in templates}
+    by_name: dict[str, set[str]] = defaultdict(set)
+    for path in paths:
+        by_name[path.rsplit("/", 1)[-1]].add(path)
+    return {name: min(files, key=len) for name, files in by_name.items()
+            if name.endswith((".cpp", ".cc", ".cu")) and len({area_of(f) for f in files}) == 1}
+
+
+def foreign_cpp(text: str) -> bool:
+    """The message names C++ source files, and none of them is PyTorch's or a library it ships (cuDNN, NCCL,
+    gloo, ONNX): a CUDA error of another program ("out of memory (c:\\projects\\lc0\\src\\...\\network.cc:442)")
+    reads like PyTorch's, and the chapters' advice would be wrong there."""
+    files = [m.group(1).replace("\\", "/") for m in _CPP_LOCATION.finditer(text)]
+    files = [f for f in files if "/" in f]      # a bare "ProcessGroupNCCL.cpp:607" of a log line says nothing
+    return bool(files) and not any(_PYTORCH_CPP.search(f) or _OTHERS_CPP_OK.search(f) or "/torch/" in f
+                                   for f in files)
+
+
+# an exception class named with its module ("torch.jit.TracingCheckError", "torch._dynamo.exc.Unsupported")
+_QUALIFIED_ERROR = re.compile(r"\b(torch(?:\.\w+)+)\.[A-Z]\w*(?:Error|Exception|Unsupported|Fail)\b|"
+                              r"\b(onnxruntime)(?:\.\w+)*\.[A-Z]\w*\b|(\[ONNXRuntimeError\])|"
+                              r"Non-zero status code returned while running \w+ node")
+
+
+def error_module(text: str) -> str | None:
+    """The source path of the module whose exception class the message names ("torch/jit/"), or
+    "onnxruntime" for ONNX Runtime's errors; None when it names none."""
+    match = _QUALIFIED_ERROR.search(text)
+    if match is None:
+        return None
+    if match.group(1):
+        return match.group(1).replace(".", "/") + "/"
+    return "onnxruntime"
 
 
 def origin(text: str) -> Origin | None:
     """Where a normalised message was raised: by its template first, else by the traceback's innermost frame
     when that frame is PyTorch's (an error raised in the user's code or a wrapper is not placed by the PyTorch
     frames that merely called it)."""
-    seen = frames(text)
-    # a library string alone is weak evidence: PyTorch repeats some of Python's own messages (TorchScript's
-    # "could not convert string to float"), so it counts only for a message that may be PyTorch's
-    template = match_template(text, [file for file, _ in seen if file], inferred=looks_like_pytorch(text))
-    if template is not None:
-        area = area_of(template.file, template.function)
-        if template.inferred:
-            return Origin(template.file, "", "library", area and replace(area, confident=False))
-        return Origin(template.file, template.function, "template", area)
+    # a re-raise (DataParallel's replicas, DataLoader's workers) is not where the error was made
+    seen = [(file, function) for file, function in frames(text) if (file, function) != ("torch/_utils.py", "reraise")]
+    files = [file for file, _ in seen if file]
+    # a short library string alone is weak evidence: PyTorch repeats some of Python's own messages (TorchScript's
+    # "could not convert string to float"), so it counts only for a message that may be PyTorch's, or when
+    # STRONG_LITERAL characters of it are there word for word ("Expected all tensors to be on the same device")
+    template = match_template(text, files)
+    if template is not None and template.inferred and not looks_like_pytorch(text) and \
+            template.matched_literal(text) < STRONG_LITERAL:
+        template = match_template(text, files, inferred=False)
+    if template is not None and _PYTHONS_OWN.fullmatch(template.text) and template.file not in files:
+        template = None       # the same words as Python's own error: only a frame in its file says it is PyTorch's
+    by_frame, frame_area = None, None
     if seen and seen[-1][0] is not None:
         file, function = seen[-1]
-        area = area_of(file, function)
-        if area is not None:                  # the frame that raised may only have called the failing code
-            return Origin(file, function, "traceback", replace(area, confident=False))
+        frame_area = area_of(file, function)
+        if frame_area is not None:            # the frame that raised may only have called the failing code
+            by_frame = Origin(file, function, "traceback", replace(frame_area, confident=False))
+    if template is not None:
+        area = area_of(template.file, template.function)
+        if by_frame is not None and area is not None and not area.confident and frame_area.confident:
+            return by_frame                   # a broad operation (a stack, a cat) called by a precise part (collate)
+        if template.inferred:       # a header's __FILE__ is inlined everywhere: its place says nothing
+            placed = area is not None and not template.file.endswith((".h", ".hpp", ".cuh"))
+            return Origin(template.file, "", "library", replace(area, confident=False) if placed else None)
+        return Origin(template.file, template.function, "template", area)
+    if by_frame is not None:
+        return by_frame
+    module = error_module(text)
+    area = area_of(module) if module else None
+    if area is not None:
+        return Origin(module.rstrip("/"), "", "exception", replace(area, confident=False))
+    logged = log_source(text)
+    area = area_of(logged) if logged else None
+    if area is not None:
+        return Origin(logged, "", "log", replace(area, confident=False))
     return None
+
+
+# a log record of PyTorch's names the module that wrote it: Python logging's "ERROR:torch.distributed.elastic.
+# multiprocessing.api:failed ..." and glog's "E0323 21:57:08.583000 23 torch/distributed/elastic/.../api.py:869]"
+_LOG_RECORD = re.compile(r"\b(?:ERROR|WARNING|CRITICAL|INFO):(torch(?:\.\w+)+):|\b(torch/[\w/]+\.py):\d+\]")
+
+
+def log_source(text: str) -> str | None:
+    """The source file of the last PyTorch log record in the message, if any."""
+    found = list(_LOG_RECORD.finditer(text))
+    if not found:
+        return None
+    module, path = found[-1].groups()
+    return path or module.replace(".", "/") + ".py"
+
+
+# Python's own messages that PyTorch raises in the same words (Module.__getattr__'s "'X' object has no
+# attribute 'y'"): a match of one of these templates alone does not make a message PyTorch's
+_PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object has no attribute \x00|"
+                          r"\x00\(\) takes \x00 positional arguments? but \x00 (were|was) given|"
+                          r"\x00\(\) got an unexpected keyword argument '\x00'|No module named '?\x00'?|"
+                          r"'\x00' object is not (subscriptable|callable|iterable)")
 
 
 # ---------------------------------------------------------------- the error's own words: topics
@@ -323,16 +439,24 @@ def origin(text: str) -> Origin | None:
 # PyTorch error that has none), and are themselves low-confidence. Searched in the error's text without
 # its traceback (`error_text`), so a `.half()` in a quoted line of code does not count.
 TOPICS: list[tuple[str, Area]] = [
+    # a CUDA kernel's own assertion ("block: [0,0,0], thread: [31,0,0] Assertion `t >= 0` failed"): an index
+    (r"device-side assert triggered|\bblock: \[\d+, ?\d+, ?\d+\], thread: \[\d+, ?\d+, ?\d+\]",
+     _area("indexing", "indexing and class-label losses: every index must lie inside the tensor", 3, "4. Data",
+           "generated/torch.nn.functional.cross_entropy.html", confident=False)),
+    (r"\b(to|call) numpy\b|\.numpy\(\)",
+     _area("numpy", "converting a tensor to NumPy: it must be on the CPU and outside autograd", 1,
+           "2. What `backward()` fills in", "generated/torch.Tensor.numpy.html", confident=False)),
     (r"\b(out of memory|OutOfMemoryError|ALLOC_FAILED|can't allocate memory|not enough memory)",
      _area("memory", "the memory allocators (CUDA caching allocator, CPU allocator)", 3,
            "1. Estimate first, then measure", "notes/cuda.html#memory-management", confident=False)),
-    (r"\b(DDP|DistributedDataParallel|NCCL|nccl|gloo|[Pp]rocess ?[Gg]roup|c10d|world_size|rendezvous)\b",
+    (r"\b(DDP|DistributedDataParallel|gloo|c10d|world_size|rendezvous)\b|NCCL|nccl|[Pp]rocess ?[Gg]roup|"
+     r"\bcollective operation",
      _area("distributed", "torch.distributed: process groups and the collectives (NCCL, gloo) between ranks", 5,
            "2. The training script: chapter 2's loop, distributed", "distributed.html", confident=False)),
-    (r"\b(c10::)?(Half|BFloat16)\b|\b(float16|bfloat16|fp16|bf16|autocast)\b|\w*Half(Tensor|Type)\b",
+    (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16)\b|autocast)|\w*Half(Tensor|Type)\b",
      _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6,
            "1. Half precision: `.half()` or `autocast`", "amp.html", confident=False)),
-    (r"\b(cuda|CUDA)\w*\b.{0,120}\b(cpu|CPU)\b|\b(cpu|CPU)\b.{0,120}\b(cuda|CUDA)|\bmps\b|\bMPS\b|"
+    (r"\b(cuda|CUDA|GPU)\w*\b.{0,120}\b(cpu|CPU)\b|\b(cpu|CPU)\b.{0,120}\b(cuda|CUDA|GPU)|\bmps\b|\bMPS\b|"
      r"torch\.cuda\.\w+Tensor.{0,80}torch\.(?!cuda)\w+Tensor|torch\.(?!cuda)\w+Tensor.{0,80}torch\.cuda\.\w+Tensor|"
      r"\bCUDA\w*Type\b.{0,80}\bCPU\w*Type\b|\bCPU\w*Type\b.{0,80}\bCUDA\w*Type\b",
      _area("devices", "devices: every tensor of an operation must be on the same device", 3,
@@ -341,14 +465,15 @@ TOPICS: list[tuple[str, Area]] = [
      _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
            "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
            confident=False)),
-    (r"\b(dynamo|Dynamo|inductor|Inductor|triton|Triton|torch\.compile|graph break|[Rr]ecompil\w*|fullgraph)",
+    (r"\b(dynamo|Dynamo|inductor|Inductor|triton|Triton|torch\.compile|graph break|[Rr]ecompil\w*|fullgraph)|"
+     r"\bC(\+\+)? compil\w*|\bCppCompile",
      _area("compile", "torch.compile: Dynamo captures the Python, Inductor generates the kernels", 6,
            "2. `torch.compile`, measured like for like", "torch.compiler.html", confident=False)),
     (r"\b(ONNX|onnx|opset|onnxruntime|ONNXRuntime)",
      _area("onnx", "ONNX export, and ONNX Runtime running the exported file", 6,
            "3. ONNX with a dynamic batch axis", "onnx.html", confident=False)),
     (r"\b(state_dict|checkpoint|unpickl\w*|[Pp]ickle\w*|torch\.load|torch\.save|map_location|weights_only|"
-     r"zip archive|central directory)",
+     r"zip archive|central directory)|PytorchStreamReader|inline_container",
      _area("serialization", "torch.save / torch.load: the checkpoint file and how it is unpickled", 4,
            "1. `torch.save(model)` versus `torch.save(model.state_dict())`", "notes/serialization.html",
            confident=False)),
@@ -370,14 +495,20 @@ _ERROR_LABEL = re.compile(r"\b\w*(Error|Exception)\b\s*:")
 
 
 def error_text(text: str) -> str:
-    """A normalised message without its traceback: the text after the last `...Error:` label, if any."""
+    """A normalised message without its traceback: from the last `...Error:` label (whose class name is part of
+    what it says: `CppCompileError`, `OutOfMemoryError`), if any."""
     text = _PY_FRAME.sub(" ", text)
     labels = list(_ERROR_LABEL.finditer(text))
-    return text[labels[-1].end():] if labels else text
+    return text[labels[-1].start():] if labels else text
 
 
+# PyTorch's names: the package, its C++ namespaces and libraries, and names of its API and messages that
+# other frameworks do not use (a `state_dict`, a `grad_fn`, `cuda:0`, the caching allocator's "total capacity")
 _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\b|\bCUBLAS_|\bNCCL\b|"
-                            r"\bRuntimeError\b")
+                            r"\bRuntimeError\b|\b(state_dict|grad_fn|requires_grad|map_location|DataLoader|torchrun|"
+                            r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor)\b|\bcuda:\d|"
+                            r"\bnn\.Module\b|Tried to allocate|GiB total capacity|Weights only load|"
+                            r"Expected object of (backend|device type|scalar type)")
 
 
 _OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|cutorch|luarocks)\b|\.lua\b")

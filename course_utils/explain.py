@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from course_utils._display import ReadableResult
-from course_utils.error_origin import frames, looks_like_pytorch, origin, topic_of, vocabulary_area
+from course_utils.error_origin import foreign_cpp, frames, looks_like_pytorch, origin, topic_of, vocabulary_area
 
 CHAPTERS = {1: "01_tensors_autograd.ipynb", 2: "02_data_and_modules.ipynb", 3: "03_debugging.ipynb",
             4: "04_checkpointing.ipynb", 5: "05_ddp_torchrun.ipynb", 6: "06_inference.ipynb"}
@@ -237,7 +237,8 @@ RULES: list[Rule] = [
           "dist.monitored_barrier, TORCH_DISTRIBUTED_DEBUG=DETAIL, and a short timeout in init_process_group",
           5, "7. A hang: one rank skips a collective",
           [r"Watchdog caught collective operation timeout", r"Some NCCL operations have failed or timed out",
-           r"Timed out waiting \d+ ?ms for (recv|send)", r"failed to pass monitoredBarrier"],
+           r"Timed out waiting \d+ ?ms for (recv|send)", r"failed to pass monitoredBarrier",
+           r"Application timeout caused pair closure"],
           ["Watchdog caught collective operation timeout", "Timed out waiting 1800000ms for recv operation",
            "Rank 1 failed to pass monitoredBarrier"]),
     _rule("rendezvous-failure", "the ranks could not meet: the rendezvous timed out, could not connect, or its port is taken",
@@ -281,11 +282,13 @@ RULES: list[Rule] = [
     _rule("corrupt-checkpoint", "the checkpoint file is truncated or not a checkpoint",
           ["the save was interrupted (a crash or kill during torch.save) and left half a file",
            "the download did not finish, or saved an HTML error page under the checkpoint's name (invalid load key, '<')",
-           "the file is a Git LFS pointer (invalid load key, 'v'): the repository was cloned without git lfs pull"],
+           "the file is a Git LFS pointer (invalid load key, 'v'): the repository was cloned without git lfs pull",
+           "a zip of another kind: torch.jit.load of a torch.save file finds no constants.pkl, torch.load of "
+           "another program's zip finds no data.pkl"],
           "look at the file's first bytes (head -c 100) and its size; download or save again (git lfs pull for an LFS "
           "pointer); save_checkpoint writes a temporary file and renames it only when complete",
           4, "9. Crash safety under a real `SIGKILL`",
-          [r"PytorchStreamReader failed reading (zip archive|file)", r"failed finding central directory",
+          [r"PytorchStreamReader failed (reading|locating) (zip archive|file)", r"failed finding central directory",
            r"unexpected EOF\W.{0,60}?The file might be corrupted", r"storage has wrong size: expected \d+ got \d+",
            r"invalid load key, ?'(<|v|\\x[0-9a-f]{2}|\W)'", r"Unsupported operand (60|118)\b",
            r"Ran out of input", r"invalid magic number"],
@@ -308,7 +311,8 @@ RULES: list[Rule] = [
           4, "1. `torch.save(model)` versus `torch.save(model.state_dict())`",
           [r"(torch\.load|serialization\.py|unpickler\.load).{0,800}?Can't get attribute '[^']*' on <module",
            r"Can't get attribute '[^']*' on <module '__main__' from '",
-           r"Can't get attribute '[^']*' on <module '__main__'$"],
+           r"Can't get attribute '[^']*' on <module '__main__'$",
+           r"(torch\.load|serialization\.py|find_class).{0,800}?ModuleNotFoundError: No module named"],
           ["Can't get attribute 'Net' on <module '__main__' from 'train.py'>"]),
     _rule("cuda-checkpoint-on-cpu", "a GPU checkpoint loaded where its GPU does not exist",
           ["the checkpoint was saved from CUDA tensors and torch.load has no map_location",
@@ -347,7 +351,9 @@ RULES: list[Rule] = [
            r"\"nll_loss\w*\" not implemented for '(Float|Double|Int)'",
            r"(mat1|m1) and (mat2|m2) (must )?(to )?have the same dtype, but got:? (Double and Float|Float and Double|"
            r"double != float|float != double)",
-           r"Input type \(torch\.(cuda\.)?DoubleTensor\) and weight type \(torch\.(cuda\.)?FloatTensor\)"],
+           r"Input type \(torch\.(cuda\.)?DoubleTensor\) and weight type \(torch\.(cuda\.)?FloatTensor\)",
+           r"Input type \((double|float)\) and (weight|bias) type \((float|double)\) should be the same",
+           r"to have scalar type (Long|Double|Float|Int); but got"],
           ["Found dtype Double but expected Float", "expected target dtype to be Long or Byte, but got Float",
            "expected scalar type Long but found Float"]),
     _rule("half-not-implemented", "an operation that has no float16 / bfloat16 kernel on this device",
@@ -603,6 +609,8 @@ def explain(error: BaseException | str) -> Explanation | None:
     placement by where in PyTorch it was raised (`course_utils.error_origin`); None for a message that is
     not PyTorch's, or comes from a part of PyTorch no chapter teaches."""
     text = normalise(_message(error))
+    if foreign_cpp(text):
+        return None
     for rule in RULES:
         if rule.matches(text):
             return rule.explanation
@@ -611,13 +619,15 @@ def explain(error: BaseException | str) -> Explanation | None:
     found = origin(text)
     area = found.area if found else None
     where = found.describe() if found else ""
-    if (found is None and looks_like_pytorch(text)) or (area is not None and not area.confident):
+    # PyTorch's, but not placed: a library string whose file the layout could not tell
+    unplaced = found is not None and found.found_by == "library" and area is None
+    if (found is None and looks_like_pytorch(text)) or unplaced or (area is not None and not area.confident):
         topic = topic_of(text)
         if topic is not None and topic.chapter is not None and (area is None or area.chapter is not None):
             where = (f"{where}; its words are about {topic.what}" if where else
                      f"no PyTorch message matches; its words are about {topic.what}")
             area = topic
-    if found is None and area is None and looks_like_pytorch(text) and not _raised_outside_pytorch(text):
+    if area is None and (unplaced or found is None and looks_like_pytorch(text)) and not _raised_outside_pytorch(text):
         by_words = vocabulary_area(text)
         if by_words is not None:
             area, posterior = by_words

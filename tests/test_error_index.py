@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from course_utils import explain
+from course_utils import error_origin
 from course_utils.error_origin import AREAS, HOLE, area_of, frames, match_template, origin, template_versions
 from course_utils.explain import normalise
 
@@ -228,3 +229,60 @@ def test_a_cpp_message_without_source_is_placed_by_the_library_layout():
     got = explain(error)
     assert got.chapter == 3 and got.confidence == "low", got
     assert "TensorAdvancedIndexing.cpp (the file is inferred from the library's layout)" in got.origin
+
+
+def test_a_long_library_string_is_pytorchs_without_a_pytorch_word():
+    # the bare message, as pasted without its "RuntimeError:" label: 40+ characters of PyTorch's own string
+    message = str(raised(lambda: torch.ones(3).index_select(0, torch.tensor([1.0]))))
+    assert not error_origin.looks_like_pytorch(message)
+    found = origin(message)
+    assert found is not None and found.found_by == "library" and found.area.chapter == 3
+    # a short one is not enough: Python's own words, repeated by TorchScript
+    assert origin("could not convert string to float: 'abc'") is None
+
+
+def test_a_library_string_inferred_into_a_header_is_unplaced(monkeypatch):
+    # a header's __FILE__ is inlined into every library that includes it, so the layout says nothing there
+    header = error_origin._Template("Watchdog caught collective operation timeout:", "c10/core/TensorOptions.h", "",
+                                    45, True)
+    monkeypatch.setattr(error_origin, "match_template", lambda text, frames=(), inferred=True: header)
+    found = origin("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE)")
+    assert found is not None and found.area is None
+    # explain() then reads the error's own words: NCCL is chapter 5's
+    got = explain("[BUG] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran "
+                  "for 600013 milliseconds")
+    assert got is not None and got.chapter == 5
+
+
+def test_a_log_record_names_the_module_that_wrote_it():
+    python_logging = "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0"
+    glog = "E0323 21:57:08.583000 23 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1)"
+    for message in (python_logging, glog):
+        assert error_origin.log_source(message) == "torch/distributed/elastic/multiprocessing/api.py"
+        found = origin(normalise(message + '\nTraceback (most recent call last):\n  File "/opt/venv/bin/torchrun", '
+                                           'line 10, in <module>'))
+        assert found.found_by == "log" and found.area.chapter == 5 and "it was logged by" in found.describe()
+    assert error_origin.log_source("INFO:root:epoch 3 done") is None
+
+
+def test_a_cpp_file_named_by_its_base_name_is_found_among_pytorchs():
+    assert frames("[E ProcessGroupNCCL.cpp:737] [Rank 1] timeout") == [
+        ("torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp", "")]
+    assert frames("[enforce fail at inline_container.cc:145] . PytorchStreamReader failed reading file data/3") == [
+        ("caffe2/serialize/inline_container.cc", "")]
+    assert frames("error at my_engine.cpp:12") == []                  # not one of PyTorch's files
+
+
+def test_the_errors_own_words_name_kernel_assertions_numpy_and_compilers():
+    from course_utils.error_origin import topic_of
+    kernel = ("/pytorch/aten/src/THCUNN/ClassNLLCriterion.cu:108: cunn_ClassNLLCriterion_updateOutput_kernel: "
+              "block: [0,0,0], thread: [31,0,0] Assertion `t >= 0 && t < n_classes` failed.")
+    assert topic_of(kernel).chapter == 3 and topic_of(kernel).id == "indexing"
+    # the advice under every CUDA error names device-side assertions; it is not one
+    assert topic_of("RuntimeError: CUDA error: invalid device ordinal. Compile with `TORCH_USE_CUDA_DSA` to enable "
+                    "device-side assertions.").id == "cuda"
+    assert topic_of("TypeError: can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()").id == "numpy"
+    assert topic_of("RuntimeError: Tensor for argument #2 'mat1' is on CPU, but expected it to be on GPU").id == \
+        "devices"
+    # the exception's class name is part of what it says
+    assert topic_of("InductorError: CppCompileError: C++ compile error").id == "compile"
