@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from corpus_novelty import development_texts, seen  # noqa: E402
 
 from course_utils import explain  # noqa: E402
-from course_utils.error_origin import _index, _vocabulary, template_versions  # noqa: E402
+from course_utils.error_origin import _index, _source_files, _vocabulary, template_versions  # noqa: E402
 
 HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in (1, 2, 3, 4)}
 LATEST = 4
@@ -60,7 +60,7 @@ def measure(heldout_set: int = LATEST) -> dict:
     path = HELDOUT[heldout_set]
     entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     started = time.perf_counter()
-    _index(), _vocabulary()                   # explain()'s first call loads them; timed apart here
+    _index(), _vocabulary(), _source_files()  # explain()'s first call loads them; timed apart here
     load_ms = (time.perf_counter() - started) * 1e3
     development = development_texts()
     rows, times = [], []

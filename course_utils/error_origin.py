@@ -204,14 +204,16 @@ class _Template:
         none): a message from an older or newer release often differs only at its end, and wrappers cut long
         messages. A start counts when it keeps MIN_LITERAL characters and 60 % of the template. Plain `find`s,
         not a regular expression per template: compiling thousands of them made a first call slow."""
+        needed = max(MIN_LITERAL, 0.6 * self.literal)
         found, position = 0, 0
         for piece in self.pieces:
             at = text.find(piece, position)
             if at < 0:        # the longest start of this piece (1.x: "... Call .contiguous() before .view().")
-                found += _longest_start(piece, text, position)
+                if found + len(piece) >= needed:          # only when it could be enough
+                    found += _longest_start(piece, text, position)
                 break
             found, position = found + len(piece), at + len(piece)
-        return found if found >= max(MIN_LITERAL, 0.6 * self.literal) else 0
+        return found if found >= needed else 0
 
     @property
     def pieces(self) -> tuple[str, ...]:
@@ -486,7 +488,7 @@ TOPICS: list[tuple[str, Area]] = [
     (r"\b(optimizer|lr_scheduler|param_groups|learning rate)\b",
      _area("optim", "torch.optim: optimizers and learning-rate schedulers", 2,
            "6. The training step, written out", "optim.html", confident=False)),
-    (r"\b(nan|NaN|inf|non-finite)\b",
+    (r"\b(nan|NaN|inf|non-finite)\b|\bError detected in \w+Backward|\banomaly detection",
      _area("nan", "non-finite values (NaN, Inf) in the data, the model or the numerics", 3, "4. Data",
            "autograd.html#anomaly-detection", confident=False)),
 ]

@@ -3,8 +3,9 @@
 Every message PyTorch raises is written once in its sources, with holes for the values of the moment
 (a shape, a device, a file name). This script collects those templates with the file each lives in:
 
-* Python: every `raise X(<message>)`, `torch._check*(cond, lambda: <message>)` and Dynamo
-  `unimplemented(...)` in the installed `torch` package, read with `ast`. f-string fields, `%`
+* Python: every `raise X(<message>)`, `warnings.warn(<message>)`, `torch._check*(cond, lambda: <message>)`
+  and Dynamo `unimplemented(...)` in the installed `torch` package, read with `ast` (a message kept in a
+  module-level name is followed there). f-string fields, `%`
   placeholders, `.format` fields and any non-literal part become holes.
 * C++: every `TORCH_CHECK*`/`AT_ERROR`/`C10_THROW_ERROR`/`throw std::...error(...)` message in the C++
   headers the wheel ships (`torch/include`) and, with `--cpp-source DIR`, in PyTorch source files
@@ -19,6 +20,8 @@ Writes `course_utils/data/error_templates-<torch version>.json.gz`. Run it once 
 
     .venv/bin/python tools/build_error_index.py --cpp-source /path/to/sources
     .venv-torch2.14.1/bin/python tools/build_error_index.py --cpp-source /path/to/sources
+
+or, after a change to how Python messages are read, `--refresh-python` (keeps the stored C++ side).
 
 `tests/test_error_index.py` regenerates the Python side from the installed wheel and checks that it
 equals the stored index, and that every stored C++ piece is still in the wheel's libraries.
@@ -79,8 +82,10 @@ def _py_pieces(node: ast.AST, assigned: dict[str, ast.AST], depth: int = 0) -> l
         return [re.sub(r"%(\([^)]*\))?[-#0 +]*\d*(\.\d+)?[sdrfgixeEc]", HOLE, node.left.value)]
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         target = node.func.value
-        if node.func.attr == "format" and isinstance(target, ast.Constant) and isinstance(target.value, str):
-            return [re.sub(r"\{[^{}]*\}", HOLE, target.value)]
+        if node.func.attr == "format":     # "...{}...".format(x), or a name holding the format string
+            text = "".join(p if p == HOLE else re.sub(r"\{[^{}]*\}", HOLE, p)
+                           for p in _py_pieces(target, assigned, depth + 1))
+            return [text]
         if node.func.attr in {"strip", "rstrip", "lstrip"}:
             return _py_pieces(target, assigned, depth + 1)
         if node.func.attr == "join" and isinstance(target, ast.Constant):
@@ -108,6 +113,7 @@ class _PythonRaises(ast.NodeVisitor):
 
     CHECKS = {"_check", "_check_with", "_check_value", "_check_index", "_check_type", "_check_is_size",
               "_check_not_implemented"}
+    WARNINGS = {"warn", "warn_explicit", "warn_once"}     # warnings.warn(message, ...): a learner pastes these too
     GRAPH_BREAKS = {"unimplemented", "unimplemented_v2", "unsupported"}
 
     def __init__(self) -> None:
@@ -142,8 +148,9 @@ class _PythonRaises(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _add(self, message: ast.AST | None, error: str) -> None:
-        if message is not None:
-            self.found.append((_join(_py_pieces(message, self.assigned[-1])), ".".join(self.scope), error))
+        if message is not None:     # a name is looked up in the function, then in the module ("err_msg_format")
+            names = {**self.assigned[0], **self.assigned[-1]}
+            self.found.append((_join(_py_pieces(message, names)), ".".join(self.scope), error))
 
     def visit_Raise(self, node: ast.Raise) -> None:
         call = node.exc
@@ -158,6 +165,8 @@ class _PythonRaises(ast.NodeVisitor):
         if name in self.CHECKS:
             message = node.args[-1] if len(node.args) >= (3 if name == "_check_with" else 2) else None
             self._add(message, name)
+        elif name in self.WARNINGS and node.args:
+            self._add(node.args[0], "warning")
         elif name in self.GRAPH_BREAKS:
             keywords = {k.arg: k.value for k in node.keywords}
             for key in ("gb_type", "explanation", "msg"):
@@ -385,11 +394,28 @@ def index_path(version: str) -> Path:
     return DATA / f"error_templates-{version}.json.gz"
 
 
+def refresh_python(stored: dict) -> dict:
+    """The stored index with its Python side rebuilt from the installed wheel and its C++ side kept (the C++
+    side needs the copied sources; the Python side needs only the wheel)."""
+    import torch
+    python = python_templates(Path(torch.__file__).parent)
+    cpp = [e for e in stored["templates"] if not e["file"].endswith(".py")]
+    templates = sorted({json.dumps(e, sort_keys=True) for e in python + cpp})
+    return {**stored, "templates": [json.loads(e) for e in templates]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpp-source", type=Path, help="folder of pytorch/pytorch files with a MANIFEST.tsv")
+    parser.add_argument("--refresh-python", action="store_true",
+                        help="rebuild only the Python side of the stored index of the installed torch")
     args = parser.parse_args(argv)
-    index = build(args.cpp_source)
+    if args.refresh_python:
+        import torch
+        with gzip.open(index_path(torch.__version__.split("+")[0]), "rt", encoding="utf-8") as file:
+            index = refresh_python(json.load(file))
+    else:
+        index = build(args.cpp_source)
     DATA.mkdir(exist_ok=True)
     path = index_path(index["torch"])
     with gzip.open(path, "wt", encoding="utf-8") as file:
