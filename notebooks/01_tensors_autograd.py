@@ -32,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 4.4 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 7.3 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
@@ -564,6 +564,20 @@ silent = forward_buggy(eight)
 print("  out:", tuple(silent.shape), "| largest difference from the fixed forward:",
       round((silent - forward_fixed(eight)).abs().max().item(), 2))
 assert silent.shape == (8, 2) and not torch.allclose(silent, forward_fixed(eight))
+
+# %% [markdown]
+# The `if` works because `x.mean()` holds one number. A condition on a whole tensor (one value per row) has
+# no single truth value, and Python's `if` refuses it. A choice per element is `torch.where`, which keeps
+# both branches in the graph and picks row by row:
+
+# %%
+with expect_error(RuntimeError, match="Boolean value of Tensor with more than one value is ambiguous"):
+    if negative.mean(dim=1) > 0:               # (5,) booleans: one per row
+        pass
+h = negative @ W1                              # (5, 8)
+per_row = torch.where(negative.mean(dim=1, keepdim=True) > 0, h, torch.relu(h)) @ W2   # (5, 2)
+print("a branch per row with torch.where:", tuple(per_row.shape))
+assert torch.allclose(per_row, forward_fixed(negative))      # every row here has a negative mean
 
 # %% [markdown]
 # ### Broadcasting: shapes that pair up wrongly

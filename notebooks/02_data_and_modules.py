@@ -31,9 +31,10 @@
 # longer than on Linux with `fork`. On a CUDA GPU the same cells run, and section 2 measures real
 # host-to-device copies.
 #
-# **Run All:** 17 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 23 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
+import inspect
 import multiprocessing
 import os
 import pickle
@@ -289,6 +290,30 @@ else:
     assert array_extra > 0.7 * array_mib   # a whole pickled copy in each worker (seen: 14-20 MiB)
     assert list_extra > array_extra + 30   # the list's copy is bigger still (seen: 75-80 MiB)
 del as_array, as_list
+
+# %% [markdown]
+# ### Samples of different sizes in one batch
+#
+# The default `collate_fn` stacks the samples of a batch with `torch.stack`, so every sample must have the
+# same shape. One image that was never resized fails the first batch that contains it, and the message
+# names both shapes and the sample's position in the batch:
+
+# %%
+sizes = [(3, 32, 32), (3, 32, 32), (3, 28, 28), (3, 32, 32)]          # the third image was never resized
+images_of_two_sizes = [torch.rand(*size) for size in sizes]
+with expect_error(RuntimeError, match=r"stack expects each tensor to be equal size, but got \[3, 32, 32\] at "
+                                      r"entry 0 and \[3, 28, 28\] at entry 2"):
+    next(iter(DataLoader(images_of_two_sizes, batch_size=4)))
+
+# %% [markdown]
+# The fix belongs in the Dataset: bring every sample to one size (resize or crop). Where sizes must differ,
+# as sequences do, a `collate_fn` pads the batch instead (`torch.nn.utils.rnn.pad_sequence`).
+
+# %%
+resized = [nn.functional.interpolate(image[None], size=(32, 32), mode="bilinear")[0] for image in images_of_two_sizes]
+one_batch = next(iter(DataLoader(resized, batch_size=4)))
+print("one batch:", tuple(one_batch.shape))
+assert one_batch.shape == (4, 3, 32, 32)
 
 # %% [markdown]
 # ### Workers × processes per machine, against the core count
@@ -960,6 +985,19 @@ for residual in (True, False):
 print("identical outputs on all 6 configurations")
 
 # %% [markdown]
+# The signature of `forward` is the model's interface. `model(...)` hands every argument to `forward`
+# unchanged, so a caller that passes what `forward` does not declare (a mask, labels, a flag of another
+# version of the model) fails at the call:
+
+# %%
+model = Refactored()
+with expect_error(TypeError, match=r"forward\(\) got an unexpected keyword argument 'mask'"):
+    model(torch.randn(5, 7, 8), mask=torch.ones(5, 7))
+signature = inspect.signature(model.forward)
+print("what forward takes:", signature)
+assert list(signature.parameters) == ["x"] and model(torch.randn(5, 7, 8)).shape == (5, 4)
+
+# %% [markdown]
 # ### The shapes a layer expects
 #
 # Each layer checks its input and names what it wanted. `nn.Conv2d` wants `(N, C, H, W)` with
@@ -1122,6 +1160,38 @@ for order, w in weights.items():
           f"largest difference {(w - weights[orders[0]]).abs().max():.2e}")
 assert torch.equal(weights[orders[0]], weights[orders[1]])          # both rules kept: the same weights, bit for bit
 assert not torch.allclose(weights[orders[0]], weights[orders[2]])   # rule 1 broken: other weights
+
+# %% [markdown]
+# A learning-rate scheduler adds one more rule: **`scheduler.step()` after `optimizer.step()`**. Called
+# before it, PyTorch warns on the first step, and the schedule is shifted: the first learning rate is never
+# used. Three steps of a schedule that halves the rate each step, in both orders:
+
+# %%
+def learning_rates_used(scheduler_first):
+    """The learning rate of each of three SGD steps with StepLR(gamma=0.5), and the warnings raised."""
+    model = mlp([10, 32, 1])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    used = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in order_batches[:3]:
+            if scheduler_first:
+                scheduler.step()
+            nn.functional.mse_loss(model(x), y).backward()
+            used.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            optimizer.zero_grad()
+            if not scheduler_first:
+                scheduler.step()
+    return used, [str(w.message) for w in caught if "lr_scheduler" in str(w.message)]
+
+wrong_lrs, wrong_warnings = learning_rates_used(scheduler_first=True)
+right_lrs, right_warnings = learning_rates_used(scheduler_first=False)
+print("scheduler first:", wrong_lrs, "| warning:", wrong_warnings[0][:76], "...")
+print("optimizer first:", right_lrs, "| warnings:", len(right_warnings))
+assert wrong_lrs == [0.05, 0.025, 0.0125] and right_lrs == [0.1, 0.05, 0.025]   # the first rate, skipped
+assert "before `optimizer.step()`" in wrong_warnings[0] and not right_warnings
 
 # %% [markdown]
 # **Clipping after `step()`** clips gradients that have already been used: the update is exactly the
@@ -1295,6 +1365,25 @@ for name, (same, drift, requires_grad) in [("no_grad, train mode", no_grad_only)
 assert not no_grad_only[0] and no_grad_only[1] > 0 and not no_grad_only[2]   # dropout on, BN stats updated
 assert eval_only[0] and eval_only[1] == 0 and eval_only[2]                   # layers right, graph recorded
 assert both[0] and both[1] == 0 and not both[2]                              # both right
+
+# %% [markdown]
+# The price of `inference_mode`, reproduced: features computed once under it (the output of a frozen
+# encoder, cached to save time) and then fed to a head that trains. The fix is `no_grad`, which makes
+# ordinary tensors without a graph:
+
+# %%
+encoder, head = nn.Linear(6, 8), nn.Linear(8, 3)
+targets = torch.zeros(16, dtype=torch.long)
+with torch.inference_mode():
+    cached = encoder(inputs)                                  # an inference tensor
+with expect_error(RuntimeError, match="Inference tensors cannot be saved for backward"):
+    nn.functional.cross_entropy(head(cached), targets).backward()
+with torch.no_grad():
+    cached = encoder(inputs)                                  # the fix
+nn.functional.cross_entropy(head(cached), targets).backward()
+print("is an inference tensor:", cached.is_inference(), "| head trained:", head.weight.grad is not None,
+      "| encoder untouched:", encoder.weight.grad is None)
+assert head.weight.grad is not None and encoder.weight.grad is None and not cached.is_inference()
 
 # %% [markdown]
 # What does recording the graph cost? Autograd **keeps every activation it saved for backward alive** as

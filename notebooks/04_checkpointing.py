@@ -32,7 +32,7 @@
 # section 6 and the writers killed in section 9. On a CUDA GPU the training runs on the GPU and section 7
 # saves a real CUDA checkpoint.
 #
-# **Run All:** 12 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 21 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -111,6 +111,20 @@ restored.load_state_dict(torch.load(artifacts / "state_dict.pt", weights_only=Tr
 assert all(torch.equal(a, b) for a, b in zip(restored.parameters(), net.parameters()))
 print("the state_dict loads into the renamed class")
 
+
+# %% [markdown]
+# The same mix-up the other way round: `torch.load` of a state_dict file returns the **dict**, not a model.
+# Code written for a whole-model file then calls a model's method on a dict:
+
+# %%
+loaded = torch.load(artifacts / "state_dict.pt", weights_only=True)
+with expect_error(AttributeError, match="'collections.OrderedDict' object has no attribute 'eval'"):
+    loaded.eval()
+print("torch.load returned", type(loaded).__name__, "with keys", list(loaded)[:2], "...")
+model = NetV2()                                      # the fix: build the model, then load the dict into it
+model.load_state_dict(loaded)
+model.eval()
+assert isinstance(loaded, dict) and not model.training
 
 # %% [markdown]
 # **Why `weights_only=False` on someone else's file is a security hole:** unpickling can call any function.
@@ -743,6 +757,30 @@ print(report)
 assert torch.equal(new_model.backbone[0].weight, pretrained.backbone[0].weight)   # backbone transferred
 assert torch.equal(new_model.head.weight, before[-2])                              # head kept its fresh init
 assert [key for key, _, _ in report.shape_mismatch] == ["head.weight", "head.bias"]
+
+# %% [markdown]
+# The optimizer's state dict has no names at all: it lists its parameters by position, group by group. Resume
+# after the model gained (or lost) a layer, and the saved optimizer state no longer fits; PyTorch can only
+# say that the sizes differ:
+
+# %%
+saved_optimizer = torch.optim.Adam(Classifier(classes=10).parameters()).state_dict()    # 6 parameters
+grown = nn.Sequential(Classifier(classes=10), nn.Linear(10, 10))                       # 2 more
+with expect_error(ValueError, match="loaded state dict contains a parameter group that doesn't match the size "
+                                    "of optimizer's group"):
+    torch.optim.Adam(grown.parameters()).load_state_dict(saved_optimizer)
+print("saved for", len(saved_optimizer["param_groups"][0]["params"]), "parameters; the model now has",
+      len(list(grown.parameters())))
+
+# %% [markdown]
+# An optimizer state resumes only the model it was saved with: it loads into an optimizer built the same way.
+# After changing the model, load the weights that still fit (as above) and start a new optimizer.
+
+# %%
+same = torch.optim.Adam(Classifier(classes=10).parameters())
+same.load_state_dict(saved_optimizer)
+assert len(same.param_groups[0]["params"]) == len(saved_optimizer["param_groups"][0]["params"]) == 6
+print("the same model's optimizer loads it")
 
 # %% [markdown]
 # ## 9. Crash safety under a real `SIGKILL`
