@@ -68,7 +68,7 @@ AREAS: list[tuple[str, Area]] = [
     (r"torch/distributed/elastic/rendezvous|torch/distributed/rendezvous\.py|c10d/(TCPStore|socket|FileStore|Store)",
      _area("rendezvous", "the rendezvous: how the ranks find each other through a store before training", 5,
            "10. Several machines, on one machine", "elastic/rendezvous.html")),
-    (r"torch/distributed/(elastic|run\.py|launch)",
+    (r"torch/distributed/(elastic|run\.py|launch)|torch/multiprocessing/spawn",
      _area("torchrun", "torchrun's elastic agent: it starts, watches and restarts the worker processes", 5,
            "Launching it", "elastic/run.html")),
     (r"torch/nn/parallel/(data_parallel|replicate|scatter_gather|parallel_apply|_functions)",
@@ -463,7 +463,8 @@ TOPICS: list[tuple[str, Area]] = [
      r"\bCUDA\w*Type\b.{0,80}\bCPU\w*Type\b|\bCPU\w*Type\b.{0,80}\bCUDA\w*Type\b",
      _area("devices", "devices: every tensor of an operation must be on the same device", 3,
            "7. Model on one device, batch on another", "notes/cuda.html", confident=False)),
-    (r"\b(NVIDIA driver|device ordinal|CUDA_VISIBLE_DEVICES|no CUDA GPUs|CUDA driver|compiled with CUDA)",
+    (r"\b(NVIDIA driver|device ordinal|CUDA_VISIBLE_DEVICES|no CUDA GPUs|CUDA driver|compiled with CUDA|"
+     r"CUDA is not available)",
      _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
            "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
            confident=False)),
@@ -513,7 +514,9 @@ _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\
                             r"Expected object of (backend|device type|scalar type)")
 
 
-_OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|cutorch|luarocks)\b|\.lua\b")
+# other frameworks and GPU libraries, by name or by a phrase only they print (TensorFlow's "2 root error(s) found")
+_OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|cutorch|luarocks|cuml|cupy|numba)\b|\.lua\b|"
+                               r"root error\(s\) found")
 
 
 def looks_like_pytorch(text: str) -> bool:

@@ -255,7 +255,8 @@ RULES: list[Rule] = [
           [r"RendezvousTimeoutError", r"RendezvousConnectionError", r"DistStoreError: Timed out",
            r"Timed out after \d+ seconds waiting for (clients|workers)", r"client socket has (timed out|failed to connect)",
            r"server socket has failed to (listen|bind)", r"store based barrier",
-           r"RuntimeError: Address already in use", r"(TCPStore|c10d|gloo|rendezvous).{0,300}?Address already in use"],
+           r"RuntimeError: Address already in use", r"(TCPStore|c10d|gloo|rendezvous).{0,300}?Address already in use",
+           r"use_libuv was requested but PyTorch was buil[dt] without libuv support"],
           ["RendezvousTimeoutError", "DistStoreError: Timed out after 1801 seconds waiting for clients",
            "Timed out initializing process group in store based barrier",
            "The server socket has failed to listen on any local network address", "RendezvousConnectionError"]),
@@ -282,21 +283,24 @@ RULES: list[Rule] = [
           [r"environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) expected",
            r"env:// rendezvous: \w+ not set", r"ChildFailedError",
            r"failed \(exitcode: -?\d+\) local_rank:", r"torchrun exited with code",
-           r"Default process group has not been initialized", r"Duplicate GPU detected", r"NCCL error"],
+           r"Default process group has not been initialized", r"Duplicate GPU detected", r"NCCL error",
+           r"Process(Raised|Exited)Exception", r"process \d+ terminated with (exit code|signal)"],
           ["environment variable RANK expected, but not set", "ChildFailedError", "NCCL error"]),
     _rule("corrupt-checkpoint", "the checkpoint file is truncated or not a checkpoint",
           ["the save was interrupted (a crash or kill during torch.save) and left half a file",
            "the download did not finish, or saved an HTML error page under the checkpoint's name (invalid load key, '<')",
            "the file is a Git LFS pointer (invalid load key, 'v'): the repository was cloned without git lfs pull",
            "a zip of another kind: torch.jit.load of a torch.save file finds no constants.pkl, torch.load of "
-           "another program's zip finds no data.pkl"],
+           "another program's zip finds no data.pkl",
+           "the file was read with pickle.load instead of torch.load (a load persistent id instruction)"],
           "look at the file's first bytes (head -c 100) and its size; download or save again (git lfs pull for an LFS "
           "pointer); save_checkpoint writes a temporary file and renames it only when complete",
           4, "9. Crash safety under a real `SIGKILL`",
           [r"PytorchStreamReader failed (reading|locating) (zip archive|file)", r"failed finding central directory",
            r"unexpected EOF\W.{0,60}?The file might be corrupted", r"storage has wrong size: expected \d+ got \d+",
            r"invalid load key, ?'(<|v|\\x[0-9a-f]{2}|\W)'", r"Unsupported operand (60|118)\b",
-           r"Ran out of input", r"invalid magic number", r"Expected hasRecord\(\"version\"\) to be true"],
+           r"Ran out of input", r"invalid magic number", r"Expected hasRecord\(\"version\"\) to be true",
+           r"A load persistent id instruction was encountered"],
           ["PytorchStreamReader failed reading zip archive: failed finding central directory",
            "UnpicklingError: invalid load key, '<'."]),
     _rule("weights-only-load", "torch.load refused to unpickle the file (weights_only=True)",
@@ -343,12 +347,14 @@ RULES: list[Rule] = [
           ["the model changed since the checkpoint (a layer added, removed or frozen), so the optimizer now has "
            "another number of parameters",
            "the optimizer is built from a different parameter list or groups than when it was saved (a frozen "
-           "backbone, a separate learning rate for the head)"],
+           "backbone, a separate learning rate for the head)",
+           "a scheduler created with last_epoch > -1 for an optimizer whose state was not loaded (no initial_lr)"],
           "build the optimizer exactly as when saving; to fine-tune a changed model, load only the model's weights "
           "and start a new optimizer",
           4, "8. Keys and shapes that don't match",
           [r"loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
-           r"loaded state dict has a different number of parameter groups"],
+           r"loaded state dict has a different number of parameter groups",
+           r"param 'initial_lr' is not specified in param_groups\[\d+\] when resuming"],
           ["loaded state dict contains a parameter group that doesn't match the size of optimizer's group"]),
     _rule("state-dict-mismatch", "state_dict keys or shapes do not match the model",
           ["a 'module.' prefix from DataParallel/DDP or '_orig_mod.' from torch.compile",
@@ -452,7 +458,9 @@ RULES: list[Rule] = [
            r"Expected \d+-dimensional input for \d+-dimensional weight",
            r"expected \d+D or \d+D input \(got \d+D input\)",
            r"Expected input batch_size \(\d+\) to match target batch_size \(\d+\)",
-           r"Kernel size can't be greater than actual input size", r"Output size is too small"],
+           r"Kernel size can't be greater than actual input size", r"Output size is too small",
+           r"Expected hidden(\[\d\])? size \(", r"doesn't match hidden\[?\d?\]? batch size",
+           r"input\.size\(-1\) must be equal to input_size", r"0D or 1D target tensor expected, multi-target not supported"],
           ["Given groups=1, weight of size [64, 3, 7, 7], expected input[1, 1, 224, 224] to have 3 channels, but got 1 "
            "channels instead", "Expected 3D (unbatched) or 4D (batched) input to conv2d",
            "Expected input batch_size (32) to match target batch_size (64)"]),
@@ -465,7 +473,8 @@ RULES: list[Rule] = [
           2, "1. `num_workers`: let other processes prepare the next batches",
           [r"DataLoader worker (\(pid(\(s\))?[^)]*\) )?(exited unexpectedly|is killed by signal)",
            r"Can't get attribute '[^']*' on <module '__main__'", r"Can't (get|pickle) local object",
-           r"unable to open shared memory object", r"bus error encountered in worker",
+           r"unable to open shared memory object", r"bus error encountered in worker", r"Unexpected bus error",
+           r"start a new process before the current process has finished its bootstrapping phase",
            r"insufficient shared memory \(shm\)"],
           ["DataLoader worker (pid(s) 1234) exited unexpectedly", "DataLoader worker (pid 4024) is killed by signal",
            "Can't get attribute 'MyDataset' on <module '__main__' (built-in)>",
@@ -555,6 +564,7 @@ RULES: list[Rule] = [
           "TORCH_LOGS=recompiles says why",
           6, "2. `torch.compile`, measured like for like",
           [r"hit config\.(cache_size_limit|recompile_limit)", r"(cache_size_limit|recompile_limit) reached",
+           r"hit recompilation cache limit",
            r"FailOnRecompileLimitHit"],
           ["torch._dynamo hit config.recompile_limit (8)", "cache_size_limit reached"]),
     _rule("compile-no-compiler", "torch.compile could not build its kernels",
@@ -585,7 +595,8 @@ RULES: list[Rule] = [
           3, "4. Data",
           [r"returned nan values", r"\bloss\b[\w `]{0,40}?(\bis\b|\bbecame\b|=|:)\s*['\"]?nan\b", r"\[loss\]\s*nan\b",
            r"\bnan loss\b", r"Minimum loss scale reached", r"overflow detected, setting loss scale",
-           r"outputs? (is|are) nan\b"],
+           r"outputs? (is|are) nan\b", r"\bloss became infinite or nan\b",
+           r"probability tensor contains either .?inf.?, .?nan.? or element < 0"],
           ["Function 'LogSoftmaxBackward0' returned nan values", "loss=nan", "Loss is nan, stopping training",
            "FloatingPointError: Minimum loss scale reached"]),
     _rule("inplace-modified", "autograd needed a tensor that an in-place operation changed",
@@ -654,14 +665,16 @@ RULES: list[Rule] = [
           1, "2. What `backward()` fills in",
           [r"grad can be implicitly created only for scalar outputs"],
           ["grad can be implicitly created only for scalar outputs"]),
-    _rule("tensor-bool-ambiguous", "a tensor of several values used where Python needs one True or False",
+    _rule("tensor-bool-ambiguous", "a tensor of several values used where Python needs one value (a bool, a number)",
           ["`if x > 0:`, `while loss > eps`, `a == b` inside an `if`, or `and`/`or` between tensors with more than "
            "one element: Python asks the tensor for one bool",
            "a comparison meant for one sample applied to a whole batch (pred == label in an `if`)"],
           "reduce it to one value on purpose: (x > 0).all(), .any(), or compare with .item() for a one-element "
           "tensor; use torch.where(cond, a, b) for element-wise choices",
           1, "6. The dynamic graph: ordinary Python decides the computation",
-          [r"(Boolean|bool) value of Tensor with more than (one|1) value is ambiguous"],
+          [r"(Boolean|bool) value of Tensor with more than (one|1) value is ambiguous",
+           r"only one element tensors can be converted to Python scalars",
+           r"a Tensor with \d+ elements cannot be converted to Scalar"],
           ["Boolean value of Tensor with more than one value is ambiguous"]),
     _rule("shape-mismatch", "shape mismatch in a matrix multiply or a broadcast",
           ["an input with the wrong number of features for the first Linear layer",
@@ -712,7 +725,9 @@ def explain(error: BaseException | str) -> Explanation | None:
     where = found.describe() if found else ""
     # PyTorch's, but not placed: a library string whose file the layout could not tell
     unplaced = found is not None and found.found_by == "library" and area is None
-    if (found is None and looks_like_pytorch(text)) or unplaced or (area is not None and not area.confident):
+    untaught = found is not None and found.found_by != "library" and area is None
+    if (found is None and looks_like_pytorch(text)) or unplaced or untaught or \
+            (area is not None and not area.confident):
         topic = topic_of(text)
         if topic is not None and topic.chapter is not None and (area is None or area.chapter is not None):
             where = (f"{where}; its words are about {topic.what}" if where else

@@ -604,7 +604,7 @@ def test_corpus_is_well_formed_with_sources():
     ids = {rule.explanation.id for rule in RULES}
     for entry in entries:
         assert set(entry) == {"kind", "message", "source", "torch_version", "wrapper", "split"}, entry
-        assert entry["split"] in {"tuning", "heldout-1", "heldout-2", "heldout-3", "heldout-4", "tuning-2", "tuning-3"}, entry
+        assert entry["split"] in {"tuning", "heldout-1", "heldout-2", "heldout-3", "heldout-4", "tuning-2", "tuning-3", "tuning-4"}, entry
         assert entry["message"].strip() and entry["source"].startswith("https://"), entry
         assert entry["kind"] is None or entry["kind"] in ids, f"unknown kind {entry['kind']!r}"
         assert entry["torch_version"] is None or re.fullmatch(r"\d+(\.\d+){0,2}", entry["torch_version"]), entry
