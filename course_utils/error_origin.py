@@ -223,7 +223,9 @@ class _Template:
 def _longest_start(piece: str, text: str, position: int) -> int:
     """Length of the longest start of `piece` found in `text` after `position` (0 below MIN_LITERAL): a
     binary search, since every start of a start that is found is found too."""
-    low, high = 0, len(piece) - 1
+    if text.find(piece[:MIN_LITERAL], position) < 0:      # most pieces: not even their first words are there
+        return 0
+    low, high = MIN_LITERAL, len(piece) - 1
     while low < high:
         middle = (low + high + 1) // 2
         if text.find(piece[:middle], position) >= 0:

@@ -30,6 +30,7 @@ import re
 import traceback
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import quote
 
 from course_utils._display import ReadableResult
@@ -152,7 +153,17 @@ class Rule:
     examples: tuple[str, ...]
 
     def matches(self, text: str) -> bool:
-        return any(re.search(pattern, text, flags=re.IGNORECASE) for pattern in self.patterns)
+        return self._regex.search(text) is not None
+
+    @property
+    def _regex(self) -> re.Pattern:
+        return _one_regex(self.patterns)
+
+
+@lru_cache(maxsize=None)
+def _one_regex(patterns: tuple[str, ...]) -> re.Pattern:
+    """A rule's wordings as one compiled alternation: one search per rule, not one per wording."""
+    return re.compile("|".join(f"(?:{pattern})" for pattern in patterns), flags=re.IGNORECASE)
 
 
 def _rule(id, title, causes, fix, chapter, section, patterns, examples, reproduced=True) -> Rule:
