@@ -1,6 +1,6 @@
 """`explain()` on the frozen held-out set: the right chapter, false alarms, confidence, time per message.
 
-Run: .venv/bin/python benchmarks/explain_heldout.py [--set 1|2|3|4|5]   (default: the latest set, 5; prints the
+Run: .venv/bin/python benchmarks/explain_heldout.py [--set 1|2|3|4|5|6]   (default: the latest set, 6; prints the
 table README's "How well explain() knows messages it never saw" shows, which a test keeps in step)
 
 `tests/data/heldout_errors.jsonl` (set 1) was frozen before issue 23's rules and template index were
@@ -30,8 +30,8 @@ from corpus_novelty import development_texts, seen  # noqa: E402
 from course_utils import explain  # noqa: E402
 from course_utils.error_origin import _index, _source_files, _vocabulary, template_versions  # noqa: E402
 
-HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in (1, 2, 3, 4, 5)}
-LATEST = 5
+HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in (1, 2, 3, 4, 5, 6)}
+LATEST = 6
 
 
 LAYERS = ("curated rule", "template", "library layout", "traceback frame", "exception class", "log record", "topic",

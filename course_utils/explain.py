@@ -167,6 +167,7 @@ def _one_regex(patterns: tuple[str, ...]) -> re.Pattern:
 
 
 def _rule(id, title, causes, fix, chapter, section, patterns, examples, reproduced=True) -> Rule:
+    _one_regex(tuple(patterns))             # compiled at import, not on a learner's first error
     return Rule(Explanation(id, title, tuple(causes), fix, chapter, section, reproduced), tuple(patterns),
                 tuple(examples))
 
