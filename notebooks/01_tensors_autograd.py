@@ -32,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 7.3 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 7.5 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
@@ -567,17 +567,37 @@ assert silent.shape == (8, 2) and not torch.allclose(silent, forward_fixed(eight
 
 # %% [markdown]
 # The `if` works because `x.mean()` holds one number. A condition on a whole tensor (one value per row) has
-# no single truth value, and Python's `if` refuses it. A choice per element is `torch.where`, which keeps
-# both branches in the graph and picks row by row:
+# no single truth value, and Python's `if` refuses it. Decide what you meant: **one decision for the batch**
+# (reduce with `.all()`, `.any()`, or `.item()` for one element), or **one decision per row**, which is
+# `torch.where(condition, a, b)`. A batch of 5 rows with a positive mean and 5 with a negative one:
 
 # %%
+mixed = torch.cat([positive, negative])        # (10, 4)
 with expect_error(RuntimeError, match="Boolean value of Tensor with more than one value is ambiguous"):
-    if negative.mean(dim=1) > 0:               # (5,) booleans: one per row
+    if mixed.mean(dim=1) > 0:                  # (10,) booleans: one per row
         pass
-h = negative @ W1                              # (5, 8)
-per_row = torch.where(negative.mean(dim=1, keepdim=True) > 0, h, torch.relu(h)) @ W2   # (5, 2)
-print("a branch per row with torch.where:", tuple(per_row.shape))
-assert torch.allclose(per_row, forward_fixed(negative))      # every row here has a negative mean
+print("one decision for the batch: any row positive?", bool((mixed.mean(dim=1) > 0).any()))
+h = mixed @ W1                                 # (10, 8)
+flag = mixed.mean(dim=1, keepdim=True) > 0     # (10, 1): one flag per row, spread over h's 8 columns
+per_row = torch.where(flag, h, torch.relu(h)) @ W2                       # (10, 2)
+one_by_one = torch.cat([forward_fixed(row[None]) for row in mixed])     # the fixed forward, row by row
+print("rows that took the h branch:", flag.squeeze(1).tolist())
+assert torch.allclose(per_row, one_by_one) and not torch.allclose(per_row, torch.relu(h) @ W2)
+
+# %% [markdown]
+# Two details. Without `keepdim=True` the flag has shape `(10,)` and broadcasting lines it up with the
+# *columns* of `h`, not its rows: an error here, and a silent per-column choice for a batch of exactly 8 rows
+# (the next section is about such pairings). And `torch.where` computes **both** branches, so a NaN or inf in
+# the branch not chosen still reaches the gradient: `torch.where(a > 0, torch.log(a), 0)` at `a = 0` gives a
+# NaN gradient; clamp the input of the unsafe branch:
+
+# %%
+a = torch.tensor([0.0, 2.0], requires_grad=True)
+torch.where(a > 0, torch.log(a), 0.0).sum().backward()                       # log(0) is computed, then unused
+b = torch.tensor([0.0, 2.0], requires_grad=True)
+torch.where(b > 0, torch.log(b.clamp_min(1e-12)), 0.0).sum().backward()    # the unsafe input clamped
+print("gradient, log(a) unclamped:", a.grad.tolist(), "| clamped:", b.grad.tolist())
+assert a.grad[0].isnan() and b.grad.isfinite().all()
 
 # %% [markdown]
 # ### Broadcasting: shapes that pair up wrongly
@@ -1015,6 +1035,8 @@ check_per_loss_gradients(per_loss_gradients)
 # | `RuntimeError: Can't call numpy() on Tensor that requires grad` | a tensor in the graph handed to NumPy: `.detach().cpu().numpy()` | 2 |
 # | `TypeError: can't convert cuda:0 device type tensor to numpy` | a GPU tensor handed to NumPy: `.cpu()` first | 2 |
 # | `RuntimeError: Output 0 of Split (or Unbind) is a view and is being modified inplace` | an in-place op on one of several views (`split`, `chunk`, `unbind`) | 5 |
+# | `RuntimeError: Boolean value of Tensor with more than one value is ambiguous` | an `if`, `while`, `and` or `or` on a tensor of several values: `.any()`/`.all()` for one decision, `torch.where` for one per element | 6 |
+# | `ValueError: only one element tensors can be converted to Python scalars` | `.item()`, `int()` or `float()` of a tensor with several values | 6 |
 
 # %%
 print(progress(chapter=1))

@@ -31,9 +31,10 @@
 # longer than on Linux with `fork`. On a CUDA GPU the same cells run, and section 2 measures real
 # host-to-device copies.
 #
-# **Run All:** 23 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 25 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
+import collections
 import inspect
 import multiprocessing
 import os
@@ -290,30 +291,6 @@ else:
     assert array_extra > 0.7 * array_mib   # a whole pickled copy in each worker (seen: 14-20 MiB)
     assert list_extra > array_extra + 30   # the list's copy is bigger still (seen: 75-80 MiB)
 del as_array, as_list
-
-# %% [markdown]
-# ### Samples of different sizes in one batch
-#
-# The default `collate_fn` stacks the samples of a batch with `torch.stack`, so every sample must have the
-# same shape. One image that was never resized fails the first batch that contains it, and the message
-# names both shapes and the sample's position in the batch:
-
-# %%
-sizes = [(3, 32, 32), (3, 32, 32), (3, 28, 28), (3, 32, 32)]          # the third image was never resized
-images_of_two_sizes = [torch.rand(*size) for size in sizes]
-with expect_error(RuntimeError, match=r"stack expects each tensor to be equal size, but got \[3, 32, 32\] at "
-                                      r"entry 0 and \[3, 28, 28\] at entry 2"):
-    next(iter(DataLoader(images_of_two_sizes, batch_size=4)))
-
-# %% [markdown]
-# The fix belongs in the Dataset: bring every sample to one size (resize or crop). Where sizes must differ,
-# as sequences do, a `collate_fn` pads the batch instead (`torch.nn.utils.rnn.pad_sequence`).
-
-# %%
-resized = [nn.functional.interpolate(image[None], size=(32, 32), mode="bilinear")[0] for image in images_of_two_sizes]
-one_batch = next(iter(DataLoader(resized, batch_size=4)))
-print("one batch:", tuple(one_batch.shape))
-assert one_batch.shape == (4, 3, 32, 32)
 
 # %% [markdown]
 # ### Workers × processes per machine, against the core count
@@ -721,6 +698,54 @@ assert noisy[0] > 2 * clean[0] and noisy[1] > 2 * clean[1]    # averaged over 25
 
 
 # %% [markdown]
+# ### Samples of different sizes in one batch
+#
+# The default `collate_fn` stacks the samples of a batch with `torch.stack`, so every sample must have the
+# same shape. One image that was never resized fails the first batch that contains it. The message names
+# two shapes and their positions **in the batch** ("entry"), not in the dataset, and it blames whichever
+# sample differs from the batch's first one:
+
+# %%
+sizes = [(3, 32, 32), (3, 32, 32), (3, 28, 28), (3, 32, 32)]          # the third image was never resized
+images_of_two_sizes = [torch.rand(*size) for size in sizes]
+with expect_error(RuntimeError, match=r"stack expects each tensor to be equal size, but got \[3, 32, 32\] at "
+                                      r"entry 0 and \[3, 28, 28\] at entry 2"):
+    next(iter(DataLoader(images_of_two_sizes, batch_size=4)))
+shapes = collections.Counter(tuple(image.shape) for image in images_of_two_sizes)   # the diagnosis: all shapes
+print("shapes in the dataset:", dict(shapes))
+assert len(shapes) == 2
+
+# %% [markdown]
+# The fix belongs in the Dataset: bring every sample to one size in `__getitem__` (here with
+# `interpolate`, which wants a batch dimension, hence `[None]` and `[0]`; with torchvision, a `Resize`
+# transform). Where sizes must differ, as sequences of words do, a `collate_fn` pads the batch instead and
+# returns the true lengths beside it:
+
+# %%
+class ResizedImages(Dataset):
+    def __init__(self, images, size=(32, 32)):
+        self.images, self.size = images, size
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):                                  # (3, H, W) -> (3, 32, 32)
+        return nn.functional.interpolate(self.images[i][None], size=self.size, mode="bilinear",
+                                         antialias=True)[0]
+
+one_batch = next(iter(DataLoader(ResizedImages(images_of_two_sizes), batch_size=4)))
+
+def pad_collate(batch):
+    """Sequences of different lengths -> (N, longest) padded with 0, and each sequence's length."""
+    return nn.utils.rnn.pad_sequence(batch, batch_first=True), torch.tensor([len(s) for s in batch])
+
+sequences = [torch.arange(1, n + 1) for n in (5, 2, 4)]
+padded, lengths = next(iter(DataLoader(sequences, batch_size=3, collate_fn=pad_collate)))
+print("images:", tuple(one_batch.shape), "| sequences:", tuple(padded.shape), "lengths", lengths.tolist())
+assert one_batch.shape == (4, 3, 32, 32) and padded.shape == (3, 5) and lengths.tolist() == [5, 2, 4]
+assert padded[1].tolist() == [1, 2, 0, 0, 0]
+
+# %% [markdown]
 # ## 4. Layers in a plain Python list, a tensor that should be a buffer
 #
 # `nn.Module` finds sub-modules, parameters and buffers through attribute assignment. A plain `list`
@@ -993,9 +1018,28 @@ print("identical outputs on all 6 configurations")
 model = Refactored()
 with expect_error(TypeError, match=r"forward\(\) got an unexpected keyword argument 'mask'"):
     model(torch.randn(5, 7, 8), mask=torch.ones(5, 7))
-signature = inspect.signature(model.forward)
-print("what forward takes:", signature)
-assert list(signature.parameters) == ["x"] and model(torch.randn(5, 7, 8)).shape == (5, 4)
+print("what forward takes:", inspect.signature(model.forward))
+
+# %% [markdown]
+# Either the caller passes only what `forward` declares, or `forward` declares the new input. A mask over
+# the time steps, with a default, so old calls still work:
+
+# %%
+class Masked(Refactored):
+    def forward(self, x, mask=None):          # x: (N, T, 8), mask: (N, T) of 0/1, 1 = a real step
+        h = self.block(self.stem(x))          # (N, T, 32)
+        if mask is None:
+            return self.fc3(self.pool_time(h))
+        mask = mask.unsqueeze(-1)             # (N, T, 1)
+        return self.fc3((h * mask).sum(dim=1) / mask.sum(dim=1))     # the mean over real steps only
+
+masked = Masked()
+x, mask = torch.randn(5, 7, 8), torch.ones(5, 7)
+mask[:, 4:] = 0                               # the last 3 steps are padding
+assert torch.allclose(masked(x, mask=torch.ones(5, 7)), masked(x), atol=1e-6)   # all ones: the plain mean
+assert not torch.allclose(masked(x, mask=mask), masked(x))                        # the padding no longer counts
+assert torch.allclose(masked(x, mask=mask), masked(x[:, :4]), atol=1e-6)         # = the mean of the 4 real steps
+print("forward(x, mask) takes the mask; an all-ones mask gives the plain mean")
 
 # %% [markdown]
 # ### The shapes a layer expects
@@ -1163,8 +1207,9 @@ assert not torch.allclose(weights[orders[0]], weights[orders[2]])   # rule 1 bro
 
 # %% [markdown]
 # A learning-rate scheduler adds one more rule: **`scheduler.step()` after `optimizer.step()`**. Called
-# before it, PyTorch warns on the first step, and the schedule is shifted: the first learning rate is never
-# used. Three steps of a schedule that halves the rate each step, in both orders:
+# before it, the schedule is shifted: its first learning rate is never used. Three steps of a schedule that
+# halves the rate at every `scheduler.step()` (stepped once per batch here to keep it short; `StepLR` is
+# usually stepped once per epoch, and then the whole first epoch's rate is the one skipped), in both orders:
 
 # %%
 def learning_rates_used(scheduler_first):
@@ -1188,10 +1233,16 @@ def learning_rates_used(scheduler_first):
 
 wrong_lrs, wrong_warnings = learning_rates_used(scheduler_first=True)
 right_lrs, right_warnings = learning_rates_used(scheduler_first=False)
-print("scheduler first:", wrong_lrs, "| warning:", wrong_warnings[0][:76], "...")
+print("scheduler first:", wrong_lrs, "| warning:", wrong_warnings[0][:76], "...",
+      wrong_warnings[0][wrong_warnings[0].index("Failure"):][:95], "...")
 print("optimizer first:", right_lrs, "| warnings:", len(right_warnings))
 assert wrong_lrs == [0.05, 0.025, 0.0125] and right_lrs == [0.1, 0.05, 0.025]   # the first rate, skipped
-assert "before `optimizer.step()`" in wrong_warnings[0] and not right_warnings
+assert "before `optimizer.step()`" in wrong_warnings[0] and not right_warnings and len(wrong_warnings) == 1
+
+# %% [markdown]
+# PyTorch warns **once**, on the first `scheduler.step()`, and only while `optimizer.step()` has never run;
+# after that the shift is silent. The same warning appears, harmlessly, in the right order when a
+# `GradScaler` skips the first optimizer step because it found inf gradients (chapter 6).
 
 # %% [markdown]
 # **Clipping after `step()`** clips gradients that have already been used: the update is exactly the
@@ -1334,8 +1385,8 @@ print("train_accumulated: the same weights as the hand-written accumulation")
 #   updating) its running statistics. It does nothing to autograd.
 # - `torch.no_grad()` / `torch.inference_mode()` stop **autograd** from recording the graph. They do
 #   nothing to Dropout or BatchNorm. `inference_mode` is the faster of the two, at a price: a tensor made
-#   under it can never join a graph later ("Inference tensors cannot be saved for backward"), so use
-#   `no_grad` when an output may feed training (a target from an EMA teacher, say).
+#   under it cannot join a graph later unless cloned outside it ("Inference tensors cannot be saved for
+#   backward"), so use `no_grad` when an output may feed training (a target from an EMA teacher, say).
 #
 # A model with both layers shows each switch alone going wrong. We run it twice on the same inputs:
 
@@ -1368,22 +1419,34 @@ assert both[0] and both[1] == 0 and not both[2]                              # b
 
 # %% [markdown]
 # The price of `inference_mode`, reproduced: features computed once under it (the output of a frozen
-# encoder, cached to save time) and then fed to a head that trains. The fix is `no_grad`, which makes
-# ordinary tensors without a graph:
+# encoder, cached to save time) and then fed to a head that trains. The error comes from the head's
+# **forward**, since a Linear layer saves its input for backward:
 
 # %%
 encoder, head = nn.Linear(6, 8), nn.Linear(8, 3)
 targets = torch.zeros(16, dtype=torch.long)
 with torch.inference_mode():
-    cached = encoder(inputs)                                  # an inference tensor
+    cached = encoder(inputs)
+print("cached is an inference tensor:", cached.is_inference())
 with expect_error(RuntimeError, match="Inference tensors cannot be saved for backward"):
-    nn.functional.cross_entropy(head(cached), targets).backward()
+    logits = head(cached)                                     # raised here, not in backward()
+assert cached.is_inference()
+
+# %% [markdown]
+# Two fixes. Where you make the tensor, make it under `no_grad`: an ordinary tensor without a graph. Where
+# you receive inference tensors already made (from a library, say), `.clone()` them outside inference
+# mode, as the message suggests:
+
+# %%
 with torch.no_grad():
-    cached = encoder(inputs)                                  # the fix
-nn.functional.cross_entropy(head(cached), targets).backward()
-print("is an inference tensor:", cached.is_inference(), "| head trained:", head.weight.grad is not None,
-      "| encoder untouched:", encoder.weight.grad is None)
-assert head.weight.grad is not None and encoder.weight.grad is None and not cached.is_inference()
+    from_no_grad = encoder(inputs)
+cloned = cached.clone()                                       # outside inference_mode: an ordinary tensor
+for features in (from_no_grad, cloned):
+    head.zero_grad()
+    nn.functional.cross_entropy(head(features), targets).backward()
+    assert not features.is_inference() and head.weight.grad is not None
+print("both train the head; the encoder got no gradient:", encoder.weight.grad is None)
+assert encoder.weight.grad is None and torch.equal(from_no_grad, cloned)
 
 # %% [markdown]
 # What does recording the graph cost? Autograd **keeps every activation it saved for backward alive** as
@@ -1597,9 +1660,11 @@ check_predict_batches(predict_batches)
 # | the first batch of every epoch is slow | workers restart each epoch: `persistent_workers=True` | 1 |
 # | `UserWarning: ... 'pin_memory' argument is set as true but no accelerator is found` | pinning on a CPU-only machine: set `pin_memory` only when a GPU is used | 2 |
 # | `ValueError: Expected more than 1 value per channel when training` | a last batch of one with BatchNorm: `drop_last=True` | 3 |
+# | `RuntimeError: stack expects each tensor to be equal size, but got [3, 32, 32] at entry 0 and [3, 28, 28] at entry 2` | samples of different sizes in one batch (entry = position in the batch): one size in `__getitem__`, or a padding `collate_fn` | 3 (samples of different sizes) |
 # | validation much worse than training with BatchNorm, varying between epochs | running statistics skewed by a tiny last batch: `drop_last=True` | 3 |
 # | some weights never change; `state_dict` misses layers or a tensor | layers in a plain list or dict, or built in `forward`; a tensor that should be a buffer | 4 |
 # | in `eval()`, the same input gives different outputs | a layer built inside `forward` (fresh random weights each call) | 4 |
+# | `TypeError: forward() got an unexpected keyword argument 'mask'` (or `takes 2 positional arguments but 3 were given`) | the call passes what `forward` does not declare: check `inspect.signature(model.forward)` | 5 |
 # | `ValueError: optimizer got an empty parameter list` | every layer in a plain list: the model has no registered parameters | 4 |
 # | `AttributeError: cannot assign module before Module.__init__() call` | `super().__init__()` missing or not first in `__init__` | 4 |
 # | `RuntimeError: ... expected input[4, 32, 32, 3] to have 3 channels, but got 32 channels instead` | channels-last images into a conv (`permute(0, 3, 1, 2)`), or RGB/grayscale mixed up | 5 ("The shapes a layer expects") |
@@ -1609,9 +1674,11 @@ check_predict_batches(predict_batches)
 # | the loss does not move at all | `zero_grad()` between `backward()` and `step()`, or `step()` before `backward()` right after `zero_grad()` | 6 |
 # | the same loop ends with other weights than the textbook step; every update carries earlier batches' gradients | `zero_grad()` missing: each `backward()` adds to the last | 6 ("The rule behind the order") |
 # | gradient clipping has no effect | `clip_grad_norm_` called after `step()` | 6 |
+# | `UserWarning: Detected call of lr_scheduler.step() before optimizer.step()` | the scheduler stepped first: its first learning rate is skipped (harmless when a `GradScaler` skipped the first step) | 6 (the rule behind the order) |
 # | training with accumulation diverges at the old learning rate | loss not divided by the number of micro-batches | 7 |
 # | predictions change between two runs on the same input | evaluation without `model.eval()` (Dropout active) | 8 |
 # | memory grows during evaluation | evaluation without `no_grad` / `inference_mode` (a `.detach()` afterwards does not stop the recording) | 8 |
+# | `RuntimeError: Inference tensors cannot be saved for backward` | a tensor made under `inference_mode` fed to training: make it under `no_grad`, or `.clone()` it | 8 |
 
 # %%
 print(progress(chapter=2))

@@ -32,7 +32,7 @@
 # section 6 and the writers killed in section 9. On a CUDA GPU the training runs on the GPU and section 7
 # saves a real CUDA checkpoint.
 #
-# **Run All:** 21 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 19 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -124,7 +124,22 @@ print("torch.load returned", type(loaded).__name__, "with keys", list(loaded)[:2
 model = NetV2()                                      # the fix: build the model, then load the dict into it
 model.load_state_dict(loaded)
 model.eval()
-assert isinstance(loaded, dict) and not model.training
+x = torch.randn(3, 4)
+assert torch.equal(model(x), net.eval()(x))          # the weights arrived
+
+# %% [markdown]
+# A full checkpoint (section 2 writes one) is a plain `dict` of several state dicts, and fails the same way,
+# as `'dict' object has no attribute 'eval'`. Print its keys, then load the part that is the model's:
+
+# %%
+torch.save({"model": net.state_dict(), "epoch": 3}, artifacts / "small_checkpoint.pt")
+checkpoint = torch.load(artifacts / "small_checkpoint.pt", weights_only=True)
+with expect_error(AttributeError, match="'dict' object has no attribute 'eval'"):
+    checkpoint.eval()
+print("keys:", list(checkpoint))
+model = NetV2()
+model.load_state_dict(checkpoint["model"])
+assert torch.equal(model.eval()(x), net(x))
 
 # %% [markdown]
 # **Why `weights_only=False` on someone else's file is a security hole:** unpickling can call any function.
@@ -759,13 +774,22 @@ assert torch.equal(new_model.head.weight, before[-2])                           
 assert [key for key, _, _ in report.shape_mismatch] == ["head.weight", "head.bias"]
 
 # %% [markdown]
-# The optimizer's state dict has no names at all: it lists its parameters by position, group by group. Resume
-# after the model gained (or lost) a layer, and the saved optimizer state no longer fits; PyTorch can only
-# say that the sizes differ:
+# The optimizer's state dict matches its parameters **by position**, group by group (even when the optimizer
+# was built from `named_parameters()`, whose names it then stores, loading still goes by position). So
+# `load_state_dict` checks only how many parameters each group has, never their shapes. Adam's state after one
+# step of the 10-class model, loaded where the model gained a layer (8 parameters instead of 6):
 
 # %%
-saved_optimizer = torch.optim.Adam(Classifier(classes=10).parameters()).state_dict()    # 6 parameters
-grown = nn.Sequential(Classifier(classes=10), nn.Linear(10, 10))                       # 2 more
+def adam_after_one_step(model):
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    return optimizer
+
+seed_everything(0)
+source = Classifier(classes=10)
+saved_optimizer = adam_after_one_step(source).state_dict()           # holds exp_avg, exp_avg_sq, step
+grown = nn.Sequential(Classifier(classes=10), nn.Linear(10, 10))
 with expect_error(ValueError, match="loaded state dict contains a parameter group that doesn't match the size "
                                     "of optimizer's group"):
     torch.optim.Adam(grown.parameters()).load_state_dict(saved_optimizer)
@@ -773,14 +797,32 @@ print("saved for", len(saved_optimizer["param_groups"][0]["params"]), "parameter
       len(list(grown.parameters())))
 
 # %% [markdown]
-# An optimizer state resumes only the model it was saved with: it loads into an optimizer built the same way.
-# After changing the model, load the weights that still fit (as above) and start a new optimizer.
+# Worse, a change that keeps the count passes the check. The 5-class model has 6 parameters too: its
+# optimizer loads the 10-class state without a word, and fails at the first `step()`, with a message that
+# does not mention the optimizer:
 
 # %%
-same = torch.optim.Adam(Classifier(classes=10).parameters())
+five = Classifier(classes=5)
+optimizer = torch.optim.Adam(five.parameters(), lr=1e-3)
+optimizer.load_state_dict(saved_optimizer)                            # no error: 6 parameters, 6 saved
+five(torch.randn(4, 8)).sum().backward()
+with expect_error(RuntimeError, match=r"The size of tensor a \(10\) must match the size of tensor b \(5\)"):
+    optimizer.step()
+
+# %% [markdown]
+# An optimizer state resumes only the model it was saved with, built the same way; after changing the model,
+# load the weights that still fit (as above) and start a fresh optimizer. Both, checked:
+
+# %%
+same = torch.optim.Adam(Classifier(classes=10).parameters(), lr=1e-3)
 same.load_state_dict(saved_optimizer)
-assert len(same.param_groups[0]["params"]) == len(saved_optimizer["param_groups"][0]["params"]) == 6
-print("the same model's optimizer loads it")
+first, restored = next(iter(saved_optimizer["state"].values())), same.state[same.param_groups[0]["params"][0]]
+assert torch.equal(restored["exp_avg"], first["exp_avg"])            # Adam's moments, restored exactly
+fresh = torch.optim.Adam(five.parameters(), lr=1e-3)                  # the changed model: a new optimizer
+five.zero_grad()
+five(torch.randn(4, 8)).sum().backward()
+fresh.step()
+print("the same model's optimizer resumes its moments; the changed model steps with a fresh one")
 
 # %% [markdown]
 # ## 9. Crash safety under a real `SIGKILL`
@@ -978,6 +1020,7 @@ check_epoch_batches_from(epoch_batches_from)
 # |---|---|---|
 # | `UnpicklingError: Weights only load failed ... GLOBAL __main__.Net` | a pickled whole model or custom object: save `state_dict()` | 1 |
 # | `AttributeError: Can't get attribute 'Net'` | a whole-model file after the class moved | 1 |
+# | `AttributeError: 'collections.OrderedDict' object has no attribute 'eval'` (or `'dict' object ...`) | `torch.load` returned a state dict (or a checkpoint dict): build the model and `load_state_dict` | 1 |
 # | `UnpicklingError: ... Unsupported global: GLOBAL numpy._core.multiarray.scalar` | a NumPy number (`np.mean`, a metric) saved in the checkpoint: store `float(x)` | 4 |
 # | `TypeError: checkpoint meta 'val_loss' is a numpy.float64` | `save_checkpoint` refusing that number before writing: pass `float(x)` | 4 |
 # | after resuming, the loss leaves the logged curve (a jump, or an unexplained drop) from the second step | optimizer/scheduler state not restored | 3 |
@@ -992,6 +1035,8 @@ check_epoch_batches_from(epoch_batches_from)
 # | `PytorchStreamReader failed reading zip archive: failed finding central directory` | a write was interrupted: save with the temp-file recipe (`save_checkpoint`) | 9 |
 # | `UnpicklingError: invalid load key, '<'` (or `Unsupported operand 60`; `'v'` / `118`) | the file is an HTML page (a failed download) or a Git LFS pointer: `zipfile.is_zipfile(path)` is False | 9 |
 # | files `.NAME.HOST.PID.xxxx.partial` beside a checkpoint | a killed writer's temporary file: the next `save_checkpoint`/`load_checkpoint` removes it | 9 |
+# | `ValueError: loaded state dict contains a parameter group that doesn't match the size of optimizer's group` | the model gained or lost parameters since the optimizer state was saved: a fresh optimizer | 8 |
+# | `The size of tensor a (10) must match the size of tensor b (5)` at the first `optimizer.step()` after a resume | an optimizer state of a model with the same parameter count but other shapes, loaded without a check | 8 |
 
 # %%
 print(progress(chapter=4))
