@@ -38,6 +38,8 @@ def test_each_planted_bug_alone_is_caught(bug, tmp_path, learner):
     folder = bp.fresh_copy(tmp_path / "project", bugs=(bug,))
     report = CHECKS[bug.stage](folder)
     assert not report.passed, f"{bug.id} slipped through the {bug.stage} check:\n{report}"
+    if report.observations[0].startswith("torchrun exited with") and report.observations[0] != "torchrun exited with 0":
+        assert report.observations[1].startswith("the first worker error: "), str(report)
     if bug.found_by.startswith("diagnose: "):
         assert bug.found_by.removeprefix("diagnose: ") in report.diagnosis.rules(), str(report)
     if bug.found_by.startswith("explain"):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from course_utils._display import ReadableResult
 from course_utils.diagnose import Diagnosis, diagnose
-from course_utils.distributed import launch_torchrun
+from course_utils.distributed import _worker_traceback, launch_torchrun
 from course_utils.exercises import _REFERENCES, _record, _Registered, solutions_in_place
 from course_utils.explain import explain
 
@@ -248,8 +248,12 @@ def check_distributed(folder: str | Path, epochs: int = 2) -> StageReport:
     records = _records(folder / "train_log.jsonl")
     logged = [r["epoch"] for r in records]
     orders = {tuple(r["first_batch"]) for r in records}
-    seen = [f"torchrun exited with {result.returncode}", f"epochs in the log: {logged} (expected {list(range(epochs))})",
-            f"{len(orders)} different first batches over {len(records)} log lines"]
+    seen = [f"torchrun exited with {result.returncode}"]
+    if result.returncode:       # the failing rank's own error, not a peer noticing that it died
+        last_line = (_worker_traceback(result.output).strip().splitlines() or ["(no output)"])[-1]
+        seen.append("the first worker error: " + last_line[:300])
+    seen += [f"epochs in the log: {logged} (expected {list(range(epochs))})",
+             f"{len(orders)} different first batches over {len(records)} log lines"]
     passed = result.returncode == 0 and logged == list(range(epochs)) and len(orders) == epochs
     return _recorded(StageReport("distributed", passed, seen))
 
