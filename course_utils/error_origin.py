@@ -8,7 +8,9 @@ error, from the strongest evidence to the weakest:
    in, into `course_utils/data/error_templates-<torch>.json.gz`. The values of the moment (a shape, a
    device, a file name) are holes, so `expected 3 channels, but got 1` and `... but got 4` are one template.
 2. **the frames of a pasted traceback**: the innermost frame, when it is PyTorch's (`File ".../torch/<area>/
-   ..."`, IPython's and rich's `path.py:line in f`, C++'s `Exception raised from f at .../file.cpp`).
+   ..."`, IPython's and rich's `path.py:line in f`, C++'s `Exception raised from f at .../file.cpp`, a C++ file
+   named in a log line); else the module of the exception class the message names
+   (`torch.multiprocessing.spawn.ProcessRaisedException`) or of a PyTorch log record (`ERROR:torch.distributed...`).
 3. **topics**: the error's own words (a `Half` in a dtype check, `cuda` against `cpu`, `NCCL`, `state_dict`)
    where the place is broad or unknown.
 4. **the vocabulary of each area**: a naive Bayes model of the words PyTorch's own messages use in each
