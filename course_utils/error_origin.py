@@ -321,7 +321,7 @@ def frames(text: str) -> list[tuple[str | None, str]]:
         inside = re.search(r"(?:site-packages|dist-packages|lib/python[\d.]+)/((?:torch|onnxruntime)/.+)", path)
         found.append((inside.group(1) if inside else None, match.group("function") or match.group("function2")))
     for match in _CPP_FRAME.finditer(text):
-        inside = re.search(r"((?:torch/csrc|aten/src|c10|caffe2)/.+)$", match.group(2).replace("\\", "/"))
+        inside = _PYTORCH_CPP.search(match.group(2).replace("\\", "/"))
         if inside:
             found.append((inside.group(1).removeprefix("aten/src/"), match.group(1)))
     if not _CPP_FRAME.search(text):

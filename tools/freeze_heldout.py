@@ -20,15 +20,10 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus_novelty import ROOT, _canonical, _grams, development_texts, key_sentences, seen  # noqa: E402
+from corpus_novelty import ROOT, _canonical, _grams, development_texts, seen  # noqa: E402
 
 FIELDS = {"message", "source", "chapter", "topic", "torch_version", "platform", "wrapper", "year", "query", "part"}
 MAX_SAME_WORDING = 2
-
-
-def _same_wording(message: str, other: set[tuple[str, ...]]) -> bool:
-    return any(len(grams & other) >= 0.5 * len(grams)
-               for grams in (_grams(_canonical(s).split()) for s in key_sentences(message)))
 
 
 def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
@@ -50,7 +45,7 @@ def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
             removed["thread already used"] += 1
         elif seen(entry["message"], development):
             removed["wording in the development corpus"] += 1
-        elif sum(_same_wording(entry["message"], other) for other in kept_texts) >= MAX_SAME_WORDING:
+        elif sum(seen(entry["message"], [other]) for other in kept_texts) >= MAX_SAME_WORDING:   # same test, one by one
             removed[f"more than {MAX_SAME_WORDING} of one wording"] += 1
         else:
             kept.append(entry)
