@@ -122,20 +122,26 @@ AREAS: list[tuple[str, Area]] = [
      _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
            "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
            confident=False)),
-    (r"torch/nn/modules/module\.py|torch/nn/modules/container\.py|torch/nn/parameter\.py",
+    # a layer's own __init__ failed: the layer was built with wrong arguments, not fed a wrong input
+    (r"torch/nn/modules/\w+\.py:(\w+\.)*__init__$|torch/nn/modules/module\.py|torch/nn/modules/container\.py|"
+     r"torch/nn/parameter\.py",
      _area("module", "nn.Module: how a model registers its layers, parameters and buffers", 2,
            "4. Layers in a plain Python list, a tensor that should be a buffer", "generated/torch.nn.Module.html")),
-    (r"torch/nn/modules/loss\.py|ATen/native/Loss\.cpp",
-     _area("loss", "the loss functions: the input and target must agree in shape and dtype", 1, _BROADCAST,
+    (r"torch/nn/modules/loss\.py|ATen/native/Loss\.cpp|THC?U?NN/generic/\w*Criterion",
+     _area("loss", "the loss functions: the input and target must agree in shape and dtype", 2, _LAYERS,
            "nn.html#loss-functions", confident=False)),
     (r"torch/nn/modules/|torch/nn/functional\.py|ATen/native/(Convolution|ConvUtils|cudnn/Conv|Pool|"
      r"DilatedMaxPool|Adaptive|layer_norm|RNN|Linear\.cpp)",
      _area("layers", "the layers (torch.nn): each expects inputs of a given shape and dtype", 2, _LAYERS,
            "nn.html", confident=False)),
     (r"ATen/native/(LossNLL|cuda/Loss|Embedding|cuda/Embedding|Indexing|cuda/Indexing|TensorAdvancedIndexing|"
-     r"cuda/ScatterGather)",
+     r"cuda/ScatterGather|Onehot|(cpu/|cuda/)?IndexKernel)",
      _area("indexing", "indexing and class-label losses: every index must lie inside the tensor", 3, "4. Data",
            "generated/torch.nn.functional.cross_entropy.html", confident=False)),
+    # constraints.real is `value == value` (not NaN): a parameter that fails it is a NaN from the model
+    (r"torch/distributions/",
+     _area("distributions", "torch.distributions: a distribution's parameters must satisfy its constraints (a NaN "
+           "satisfies none)", 3, "4. Data", "distributions.html", confident=False)),
     (r"CUDACachingAllocator|alloc_cpu|torch/cuda/memory\.py",
      _area("memory", "the memory allocators (CUDA caching allocator, CPU allocator)", 3,
            "1. Estimate first, then measure", "notes/cuda.html#memory-management")),
@@ -147,6 +153,9 @@ AREAS: list[tuple[str, Area]] = [
      _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
            "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
            confident=False)),
+    # `import torch` itself failed (a DLL, a shared library, the CUDA runtime): the installation, no chapter
+    (r"torch/__init__\.py:<module>$",
+     _area("import", "importing torch: its installation (shared libraries, DLLs)", None, "", "index.html")),
     (r"ATen/|c10/|TH/|THC/|THNN/|THCUNN/|torch/_refs/|torch/_prims|torch/_meta_registrations|torch/_decomp/|torch/functional\.py|"
      r"torch/_subclasses/fake_impls|"
      r"torch/_tensor\.py|torch/csrc/utils/|torch/_torch_docs|torch/__init__\.py",
@@ -311,14 +320,25 @@ _PYTORCH_CPP = re.compile(r"((?:torch/csrc|aten/src|c10|caffe2)/.+)$")
 _OTHERS_CPP_OK = re.compile(r"(^|/)(third_party|gloo|nccl|onnx|onnxruntime\w*|fbgemm|ideep|mkl-dnn)/", flags=re.IGNORECASE)
 
 
+# the standard library's own modules (Linux "lib/python3.10/pickle.py", Windows "Lib\\multiprocessing\\..."):
+# an error raised there was made by whoever called it (the DataLoader starting workers pickles the dataset)
+_STDLIB = re.compile(r"(^|/)[Ll]ib/(python[\d.]+/)?(multiprocessing|concurrent|importlib|asyncio|urllib|http|json|"
+                     r"logging|email|(pickle|copyreg|copy|threading|subprocess|socket|shutil|zipfile|tarfile|os|"
+                     r"pathlib|re|typing|contextlib|functools|abc|queue|selectors|tempfile|codecs|warnings|ssl|"
+                     r"posixpath|ntpath|genericpath|weakref|inspect|ast|runpy)\.py$)|^<frozen ")
+
+
 def frames(text: str) -> list[tuple[str | None, str]]:
     """(file, function) of each frame of a pasted traceback, outermost first: the file relative to the
-    installed package for PyTorch and ONNX Runtime frames, None for any other frame (the user's script, a
-    wrapper library). C++'s `Exception raised from f at file` comes last: it is where the error was made."""
+    installed package for PyTorch, ONNX Runtime and Triton (torch.compile's kernel compiler) frames, None for any other frame (the user's script, a
+    wrapper library); the standard library's frames are left out. C++'s `Exception raised from f at file`
+    comes last: it is where the error was made."""
     found: list[tuple[str | None, str]] = []
     for match in _PY_FRAME.finditer(text):
         path = (match.group("path") or match.group("path2")).replace("\\", "/")
-        inside = re.search(r"(?:site-packages|dist-packages|lib/python[\d.]+)/((?:torch|onnxruntime)/.+)", path)
+        if _STDLIB.search(path):
+            continue
+        inside = re.search(r"(?:site-packages|dist-packages|lib/python[\d.]+)/((?:torch|onnxruntime|triton)/.+)", path)
         found.append((inside.group(1) if inside else None, match.group("function") or match.group("function2")))
     for match in _CPP_FRAME.finditer(text):
         inside = _PYTORCH_CPP.search(match.group(2).replace("\\", "/"))
@@ -357,7 +377,7 @@ def foreign_cpp(text: str) -> bool:
 
 
 # an exception class named with its module ("torch.jit.TracingCheckError", "torch._dynamo.exc.Unsupported")
-_QUALIFIED_ERROR = re.compile(r"\b(torch(?:\.\w+)+)\.[A-Z]\w*(?:Error|Exception|Unsupported|Fail)\b|"
+_QUALIFIED_ERROR = re.compile(r"\b((?:torch|triton)(?:\.\w+)+)\.[A-Z]\w*(?:Error|Exception|Unsupported|Fail|Resources)\b|"
                               r"\b(onnxruntime)(?:\.\w+)*\.[A-Z]\w*\b|(\[ONNXRuntimeError\])|"
                               r"Non-zero status code returned while running \w+ node")
 
@@ -397,7 +417,7 @@ def origin(text: str) -> Origin | None:
             by_frame = Origin(file, function, "traceback", replace(frame_area, confident=False))
     if template is not None:
         area = area_of(template.file, template.function)
-        if by_frame is not None and area is not None and not area.confident and frame_area.confident:
+        if by_frame is not None and (area is None or not area.confident) and frame_area.confident:
             return by_frame                   # a broad operation (a stack, a cat) called by a precise part (collate)
         if template.inferred:       # a header's __FILE__ is inlined everywhere: its place says nothing
             placed = area is not None and not template.file.endswith((".h", ".hpp", ".cuh"))
@@ -444,22 +464,41 @@ _PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object ha
 # devices when one side is a CUDA tensor. These topics replace a low-confidence placement (and place a
 # PyTorch error that has none), and are themselves low-confidence. Searched in the error's text without
 # its traceback (`error_text`), so a `.half()` in a quoted line of code does not count.
+# "no GPU here" as projects and wrappers say it ("CUDA is not available", Lightning's "GPUAccelerator can not run
+# on your system since the accelerator is not available", "your machine only has: []"): PyTorch's subject even
+# where no PyTorch word is printed
+_NO_GPU = (r"\b(CUDA|cuda|GPUs?|gpus?|[Aa]ccelerator)\b[\w ]{0,30}\b(is|are) not available\b|"
+           r"\b[Nn]o (CUDA|cuda)[\w -]{0,20}\b(GPUs?|devices?)\b|\bnot available (cuda|CUDA|GPU)|"
+           r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b")
 TOPICS: list[tuple[str, Area]] = [
     # a CUDA kernel's own assertion ("block: [0,0,0], thread: [31,0,0] Assertion `t >= 0` failed"): an index
     (r"device-side assert triggered|\bblock: \[\d+, ?\d+, ?\d+\], thread: \[\d+, ?\d+, ?\d+\]",
      _area("indexing", "indexing and class-label losses: every index must lie inside the tensor", 3, "4. Data",
            "generated/torch.nn.functional.cross_entropy.html", confident=False)),
-    (r"\b(to|call) numpy\b|\.numpy\(\)",
+    (_NO_GPU,
+     _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
+           "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
+           confident=False)),
+    # the CUDA runtime's asynchronous kernel faults: most often an index out of range in an op or a custom kernel
+    (r"illegal memory access|misaligned address|unspecified launch failure|illegal instruction was encountered|"
+     r"CUBLAS_STATUS_EXECUTION_FAILED",
+     _area("indexing", "indexing and class-label losses: every index must lie inside the tensor", 3, "4. Data",
+           "generated/torch.nn.functional.cross_entropy.html", confident=False)),
+    (r"\b(to|call) numpy\b|\.numpy\(\)|\b(np|numpy)\.ndarray\b",
      _area("numpy", "converting a tensor to NumPy: it must be on the CPU and outside autograd", 1,
            "2. What `backward()` fills in", "generated/torch.Tensor.numpy.html", confident=False)),
     (r"\b(out of memory|OutOfMemoryError|ALLOC_FAILED|can't allocate memory|not enough memory)",
      _area("memory", "the memory allocators (CUDA caching allocator, CPU allocator)", 3,
            "1. Estimate first, then measure", "notes/cuda.html#memory-management", confident=False)),
+    # DataParallel re-raises a replica's error as "Caught X in replica 0 on device 0"
+    (r"\bin replica \d+ on device\b|\bDataParallel\b",
+     _area("data-parallel", "nn.DataParallel: one process driving several GPUs", 5,
+           "1. Why not `nn.DataParallel`", "generated/torch.nn.DataParallel.html", confident=False)),
     (r"\b(DDP|DistributedDataParallel|gloo|c10d|world_size|rendezvous)\b|NCCL|nccl|[Pp]rocess ?[Gg]roup|"
      r"\bcollective operation",
      _area("distributed", "torch.distributed: process groups and the collectives (NCCL, gloo) between ranks", 5,
            "2. The training script: chapter 2's loop, distributed", "distributed.html", confident=False)),
-    (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16)\b|autocast)|\w*Half(Tensor|Type)\b",
+    (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision)\b|autocast)|\w*Half(Tensor|Type)\b",
      _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6,
            "1. Half precision: `.half()` or `autocast`", "amp.html", confident=False)),
     (r"\b(cuda|CUDA|GPU)\w*\b.{0,120}\b(cpu|CPU)\b|\b(cpu|CPU)\b.{0,120}\b(cuda|CUDA|GPU)|\bmps\b|\bMPS\b|"
@@ -467,6 +506,15 @@ TOPICS: list[tuple[str, Area]] = [
      r"\bCUDA\w*Type\b.{0,80}\bCPU\w*Type\b|\bCPU\w*Type\b.{0,80}\bCUDA\w*Type\b",
      _area("devices", "devices: every tensor of an operation must be on the same device", 3,
            "7. Model on one device, batch on another", "notes/cuda.html", confident=False)),
+    # two dtypes named against each other (Half/BFloat16 were taken by mixed precision above)
+    (r"\b(dtypes?|scalar type)\b.{0,80}\b(Long|Int|Float|Double|Byte|Bool|Short|Char)\b|"
+     r"\b(Long|Int|Float|Double|Byte|Bool) for the (destination|source)\b",
+     _area("dtypes", "dtypes: an operation's tensors must have the dtypes it expects (float32, int64 labels)", 1,
+           "Dtypes that pair up wrongly", "tensor_attributes.html#torch-dtype", confident=False)),
+    # a loss compares its input with its target: their shapes must pair up
+    (r"\btarget (size [(\[]|tensor\b|batch_size\b)|\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
+     _area("loss", "the loss functions: the input and target must agree in shape and dtype", 2, _LAYERS,
+           "nn.html#loss-functions", confident=False)),
     (r"\b(NVIDIA driver|device ordinal|CUDA_VISIBLE_DEVICES|no CUDA GPUs|CUDA driver|compiled with CUDA|"
      r"CUDA is not available)",
      _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
@@ -476,10 +524,14 @@ TOPICS: list[tuple[str, Area]] = [
      r"\bC(\+\+)? compil\w*|\bCppCompile",
      _area("compile", "torch.compile: Dynamo captures the Python, Inductor generates the kernels", 6,
            "2. `torch.compile`, measured like for like", "torch.compiler.html", confident=False)),
+    # TorchScript's compiler points at the line it could not compile: "~~~~ <--- HERE"
+    (r"<--- HERE|\bTorchScript\b|\bScriptModule\b|\btorch\.jit\b",
+     _area("torchscript", "TorchScript (torch.jit.script / trace), the older way to capture a model", 6,
+           "4. Python control flow in `forward`", "jit.html", confident=False)),
     (r"\b(ONNX|onnx|opset|onnxruntime|ONNXRuntime)",
      _area("onnx", "ONNX export, and ONNX Runtime running the exported file", 6,
            "3. ONNX with a dynamic batch axis", "onnx.html", confident=False)),
-    (r"\b(state_dict|checkpoint|unpickl\w*|[Pp]ickle\w*|torch\.load|torch\.save|map_location|weights_only|"
+    (r"\b(state_dict|checkpoint|[Uu]npickl\w*|torch\.load|torch\.save|map_location|weights_only|"
      r"zip archive|central directory)|PytorchStreamReader|inline_container",
      _area("serialization", "torch.save / torch.load: the checkpoint file and how it is unpickled", 4,
            "1. `torch.save(model)` versus `torch.save(model.state_dict())`", "notes/serialization.html",
@@ -499,12 +551,14 @@ TOPICS: list[tuple[str, Area]] = [
 ]
 _TOPIC_PATTERNS = [(re.compile(pattern), area) for pattern, area in TOPICS]
 _ERROR_LABEL = re.compile(r"\b\w*(Error|Exception)\b\s*:")
+# a printed tensor ("tensor([0.2, nan], device='cuda:0', grad_fn=<SoftmaxBackward0>)"): values, not words
+_TENSOR_REPR = re.compile(r"\btensor\(\[.*?\](, \w+=[^,()]*(\(\))?)*\)")
 
 
 def error_text(text: str) -> str:
     """A normalised message without its traceback: from the last `...Error:` label (whose class name is part of
     what it says: `CppCompileError`, `OutOfMemoryError`), if any."""
-    text = _PY_FRAME.sub(" ", text)
+    text = _TENSOR_REPR.sub(" ", _PY_FRAME.sub(" ", text))
     labels = list(_ERROR_LABEL.finditer(text))
     return text[labels[-1].start():] if labels else text
 
@@ -515,18 +569,35 @@ _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\
                             r"\bRuntimeError\b|\b(state_dict|grad_fn|requires_grad|map_location|DataLoader|torchrun|"
                             r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor)\b|\bcuda:\d|"
                             r"\bnn\.Module\b|Tried to allocate|GiB total capacity|Weights only load|"
-                            r"Expected object of (backend|device type|scalar type)")
+                            r"Expected object of (backend|device type|scalar type)|<--- HERE|in replica \d+ on device|"
+                            r"\b(TorchDynamo|Dynamo|Inductor|ONNX|triton)\b|"
+                            r"\b(pytorch_lightning|lightning\.pytorch|lightning_fabric|deepspeed)\b|" + _NO_GPU)
 
 
-# other frameworks and GPU libraries, by name or by a phrase only they print (TensorFlow's "2 root error(s) found")
-_OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|cutorch|luarocks|cuml|cupy|numba)\b|\.lua\b|"
-                               r"root error\(s\) found")
+# pip's build output, and the file system's errors (a wrong path, a full disk): no chapter's advice fixes them,
+# whichever PyTorch function opened the file
+_PIP_OUTPUT = re.compile(r"subprocess-exited-with-error|Failed building wheel|Building wheels? for")
+_FILE_SYSTEM = re.compile(r"^(FileNotFoundError|IsADirectoryError|NotADirectoryError|PermissionError)\b|"
+                          r"No space left on device|Disk quota exceeded")
+
+
+def file_system_or_pip(text: str) -> bool:
+    """The error is pip's (building a wheel) or the file system's (FileNotFoundError, a full disk)."""
+    return bool(_PIP_OUTPUT.search(text) or _FILE_SYSTEM.search(error_text(text)))
+
+
+# other frameworks, converters and GPU libraries, by name or by a phrase only they print (TensorFlow's "2 root
+# error(s) found", the ONNX-TensorRT parser's "parseGraph")
+_OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cutorch|luarocks|cuml|cupy|numba|"
+                               r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
+                               r"coremltools|tf2onnx)\b|\.lua\b|root error\(s\) found")
 
 
 def looks_like_pytorch(text: str) -> bool:
     """The message may be PyTorch's: it names PyTorch (a `torch` frame or module, the C++ namespaces c10:: /
-    aten::, cuDNN, cuBLAS, NCCL), or is a RuntimeError, the type PyTorch's C++ errors arrive as in Python;
-    and it names no other framework (TensorFlow, JAX, Lua Torch, ...)."""
+    aten::, cuDNN, cuBLAS, NCCL, its compiler, ONNX, the training libraries built on it), says no GPU is
+    usable, or is a RuntimeError, the type PyTorch's C++ errors arrive as in Python; and it names no other
+    framework (TensorFlow, JAX, Lua Torch, TensorRT, ...)."""
     return bool(_PYTORCH_WORDS.search(text)) and not _OTHER_FRAMEWORKS.search(text)
 
 

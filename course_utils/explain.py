@@ -34,7 +34,8 @@ from functools import lru_cache
 from urllib.parse import quote
 
 from course_utils._display import ReadableResult
-from course_utils.error_origin import foreign_cpp, frames, looks_like_pytorch, origin, topic_of, vocabulary_area
+from course_utils.error_origin import (file_system_or_pip, foreign_cpp, frames, looks_like_pytorch, origin, topic_of,
+                                      vocabulary_area)
 
 CHAPTERS = {1: "01_tensors_autograd.ipynb", 2: "02_data_and_modules.ipynb", 3: "03_debugging.ipynb",
             4: "04_checkpointing.ipynb", 5: "05_ddp_torchrun.ipynb", 6: "06_inference.ipynb"}
@@ -366,7 +367,7 @@ RULES: list[Rule] = [
           4, "8. Keys and shapes that don't match",
           [r"loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
            r"loaded state dict has a different number of parameter groups",
-           r"param 'initial_lr' is not specified in param_groups\[\d+\] when resuming"],
+           r"param 'initial_lr' is not specified in param_groups\[\d+\]"],
           ["loaded state dict contains a parameter group that doesn't match the size of optimizer's group"]),
     _rule("state-dict-mismatch", "state_dict keys or shapes do not match the model",
           ["a 'module.' prefix from DataParallel/DDP or '_orig_mod.' from torch.compile",
@@ -484,7 +485,7 @@ RULES: list[Rule] = [
           "move the Dataset to an importable module; guard scripts with if __name__ == '__main__':",
           2, "1. `num_workers`: let other processes prepare the next batches",
           [r"DataLoader worker (\(pid(\(s\))?[^)]*\) )?(exited unexpectedly|is killed by signal)",
-           r"Can't get attribute '[^']*' on <module '__main__'", r"Can't (get|pickle) local object",
+           r"Can't get attribute '[^']*' on <module '__(mp_)?main__'", r"Can't (get|pickle) local object",
            r"unable to open shared memory object", r"bus error encountered in worker", r"Unexpected bus error",
            r"start a new process before the current process has finished its bootstrapping phase",
            r"insufficient shared memory \(shm\)"],
@@ -605,10 +606,10 @@ RULES: list[Rule] = [
           "find_nonfinite(batch) for the data, locate_nonfinite(model, x) for the layer, then lower the learning "
           "rate or clip_grad_norm_; torch.autograd.detect_anomaly() names the backward op",
           3, "4. Data",
-          [r"returned nan values", r"\bloss\b[\w `]{0,40}?(\bis\b|\bbecame\b|=|:)\s*['\"]?nan\b", r"\[loss\]\s*nan\b",
-           r"\bnan loss\b", r"Minimum loss scale reached", r"overflow detected, setting loss scale",
+          [r"returned nan values", r"\bloss\b[\w `]{0,40}?(\bis\b|\bbecame\b|=|:)\s*['\"]?nan\b", r"\bloss nan\b", r"\[loss\]\s*nan\b",
+           r"\b(nan|non-finite) loss\b", r"Minimum loss scale reached", r"overflow detected, setting loss scale",
            r"outputs? (is|are) nan\b", r"\bloss became infinite or nan\b",
-           r"probability tensor contains either .?inf.?, .?nan.? or element < 0"],
+           r"probability tensor contains either .?inf.?, .?nan.? or element < 0", r"invalid multinomial distribution"],
           ["Function 'LogSoftmaxBackward0' returned nan values", "loss=nan", "Loss is nan, stopping training",
            "FloatingPointError: Minimum loss scale reached"]),
     _rule("inplace-modified", "autograd needed a tensor that an in-place operation changed",
@@ -704,6 +705,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _LINE_PREFIX = re.compile(r"^\s*(\[(rank|default)\d+\]:)+", flags=re.MULTILINE)
 
 
+# how a launcher reports that a worker process failed, whatever the worker's error was
+_LAUNCHER_REPORT = re.compile(r"ChildFailedError|failed \(exitcode: -?\d+\) local_rank:|torchrun exited with code|"
+                              r"Process(Raised|Exited)Exception|process \d+ terminated with (exit code|signal)")
+
+
 def normalise(text: str) -> str:
     """The message as the rules see it: without ANSI colour codes, `[rank0]:` / `[default2]:` line
     prefixes, full-width punctuation (NFKC) and line wrapping (all whitespace runs become one space)."""
@@ -729,7 +735,12 @@ def explain(error: BaseException | str) -> Explanation | None:
         return None
     for rule in RULES:
         if rule.matches(text):
+            if _LAUNCHER_REPORT.search(text):       # torchrun's / mp.spawn's report that a worker failed:
+                rest = _LAUNCHER_REPORT.sub(" ", text)  # the worker's own error, when pasted too, says why
+                rule = next((other for other in RULES if other.matches(rest)), rule)
             return rule.explanation
+    if file_system_or_pip(text):
+        return None
     if isinstance(error, BaseException) and error.__traceback__ is not None:   # its frames say where, too
         text = normalise("".join(traceback.format_exception(error)))
     found = origin(text)

@@ -126,7 +126,7 @@ def test_an_error_raised_in_the_users_code_is_not_placed_by_the_torch_frames_tha
 
 def test_every_area_points_at_a_real_section_and_a_docs_page():
     from tests.test_explain import notebook_headings
-    for _, area in AREAS:
+    for _, area in AREAS + error_origin.TOPICS:
         if area.chapter is not None:
             assert area.section in notebook_headings(area.chapter), (area.id, area.section)
         assert re.fullmatch(r"https://docs\.pytorch\.org/docs/stable/\S+", area.docs), area.docs
@@ -286,3 +286,97 @@ def test_the_errors_own_words_name_kernel_assertions_numpy_and_compilers():
         "devices"
     # the exception's class name is part of what it says
     assert topic_of("InductorError: CppCompileError: C++ compile error").id == "compile"
+
+
+# Errors no curated rule covers, raised for real, and the chapter that teaches them (HELDOUT_RUBRIC.md's table)
+def nan_parameter_of_a_distribution():
+    # validate_args said explicitly: the first torch.compile in a process turns the default off for good
+    # (torch/_dynamo/eval_frame.py, TorchPatcher.patch: Distribution.set_default_validate_args(False))
+    torch.distributions.Normal(torch.tensor([float("nan")]), torch.tensor([1.0]), validate_args=True)
+
+
+def one_hot_label_out_of_range():
+    nn.functional.one_hot(torch.tensor([3]), num_classes=2)
+
+
+def index_out_of_bounds():
+    torch.zeros(1)[1]
+
+
+def index_put_of_another_integer_dtype():
+    destination = torch.zeros(3, dtype=torch.long)
+    destination[torch.tensor([0])] = torch.tensor([1], dtype=torch.int32)
+
+
+def loss_target_of_the_wrong_shape():
+    nn.functional.nll_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4, dtype=torch.long))
+
+
+def layer_built_with_a_float_size():
+    nn.Linear(2.5, 3)
+
+
+def torchscript_of_a_missing_method():
+    def f(x):
+        return x.nonexistent_method()
+    torch.jit.script(f)
+
+
+PLACED = [(nan_parameter_of_a_distribution, 3, "distributions"), (one_hot_label_out_of_range, 3, "indexing"),
+          (index_out_of_bounds, 3, "indexing"), (index_put_of_another_integer_dtype, 1, "dtypes"),
+          (loss_target_of_the_wrong_shape, 2, "loss"), (layer_built_with_a_float_size, 2, "module"),
+          (torchscript_of_a_missing_method, 6, "torchscript")]
+
+
+@pytest.mark.parametrize("make_error, chapter, area", PLACED, ids=[p[0].__name__ for p in PLACED])
+def test_real_errors_without_a_rule_are_placed_in_the_chapter_that_teaches_them(make_error, chapter, area):
+    error = raised(make_error)
+    got = explain(error)
+    assert got is not None and (got.id, got.chapter) == (f"area-{area}", chapter), f"{error!r} -> {got and got.id}"
+    assert got.confidence == "low" and not got.causes                  # placed, not curated: it says so
+
+
+def test_a_layer_built_wrong_is_placed_by_its_init_frame_not_by_the_tensor_op_that_failed():
+    error = raised(layer_built_with_a_float_size)
+    assert explain(error).chapter == 2                                 # the traceback's Linear.__init__
+    assert explain(str(error)).chapter == 1                            # the message alone: only torch.empty's words
+
+
+def test_the_standard_librarys_frames_are_not_where_an_error_was_made():
+    pasted = normalise(
+        '  File "C:\\Users\\me\\envs\\t\\lib\\site-packages\\torch\\utils\\data\\dataloader.py", line 914, in __init__\n'
+        '  File "C:\\Users\\me\\envs\\t\\lib\\multiprocessing\\process.py", line 121, in start\n'
+        '  File "/usr/lib/python3.10/pickle.py", line 578, in dump\n'
+        "AttributeError: Can't pickle the worker's seed function")
+    assert frames(pasted) == [("torch/utils/data/dataloader.py", "__init__")]
+    assert explain(pasted).chapter == 2
+
+
+def test_a_printed_tensor_is_not_read_as_words():
+    from course_utils.error_origin import error_text
+    assert "grad_fn" not in error_text("ValueError: bad values:\ntensor([0.5, nan], grad_fn=<SoftmaxBackward0>)")
+    assert error_text("RuntimeError: x is tensor([[1, 2]], device='cuda:0') here").split() == \
+        ["RuntimeError:", "x", "is", "here"]
+
+
+def test_no_gpu_as_projects_and_wrappers_say_it():
+    for message in ["CUDA is not available.", "There are not available cuda devices!",
+                    "MisconfigurationException: GPUAccelerator can not run on your system since the accelerator is "
+                    "not available.", "ValueError: fp16 mixed precision requires a GPU"]:
+        got = explain(message)
+        assert got is not None and got.chapter == 1 and got.confidence == "low", message
+    assert explain("OSError: CUDA_HOME environment variable is not set.") is None
+    assert explain("cupy.cuda.runtime.CUDARuntimeError: cudaErrorNoDevice: no CUDA-capable device is detected") is None
+
+
+def test_a_launchers_report_defers_to_the_workers_own_error():
+    worker = "EOFError: Ran out of input\n"
+    report = "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 19) of binary"
+    assert explain(report).id == "distributed-launch"
+    assert explain(worker + report).id == "corrupt-checkpoint"
+
+
+def test_a_triton_frame_is_torch_compiles():
+    pasted = normalise('  File "D:\\app\\venv\\Lib\\site-packages\\triton\\runtime\\build.py", line 139, in _build\n'
+                       "subprocess.CalledProcessError: Command returned non-zero exit status 1.")
+    assert frames(pasted) == [("triton/runtime/build.py", "_build")] and explain(pasted).chapter == 6

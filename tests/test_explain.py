@@ -18,6 +18,7 @@ from torch import nn
 
 from course_utils import explain
 from course_utils.checkpoints import saved_as_if_on
+from course_utils.error_origin import AREAS, TOPICS
 from course_utils.explain import (RULES, Explanation, explanation_by_id, heading_anchor, normalise,
                                   troubleshooting_table)
 from course_utils.models import mlp
@@ -569,6 +570,17 @@ def load_corpus() -> list[dict]:
         return [json.loads(line) for line in lines if line.strip()]
 
 
+# A message no curated rule covers is labelled with the area that teaches it ("area-compile"): it is explained
+# right when it is sent to that area's chapter, by whichever layer (a rule of that chapter counts too).
+AREA_CHAPTERS = {f"area-{area.id}": area.chapter for _, area in AREAS + TOPICS if area.chapter is not None}
+
+
+def is_right(kind: str, got: Explanation | None) -> bool:
+    if kind in AREA_CHAPTERS:
+        return got is not None and got.chapter == AREA_CHAPTERS[kind]
+    return got is not None and got.id == kind
+
+
 def score(entries: list[dict]) -> tuple[dict[str, list], list[tuple[dict, str | None]], list[tuple[dict, str]]]:
     """Per kind [explained right, total]; the misses; the unrelated messages that were claimed."""
     per_kind: dict[str, list] = {}
@@ -582,7 +594,7 @@ def score(entries: list[dict]) -> tuple[dict[str, list], list[tuple[dict, str | 
             continue
         counts = per_kind.setdefault(entry["kind"], [0, 0])
         counts[1] += 1
-        if got_id == entry["kind"]:
+        if is_right(entry["kind"], got):
             counts[0] += 1
         else:
             misses.append((entry, got_id))
@@ -604,15 +616,16 @@ def test_corpus_is_well_formed_with_sources():
     ids = {rule.explanation.id for rule in RULES}
     for entry in entries:
         assert set(entry) == {"kind", "message", "source", "torch_version", "wrapper", "split"}, entry
-        assert entry["split"] in {"tuning", "heldout-1", "heldout-2", "heldout-3", "heldout-4", "tuning-2", "tuning-3", "tuning-4"}, entry
+        assert entry["split"] in {"tuning", "heldout-1", "heldout-2", "heldout-3", "heldout-4", "tuning-2", "tuning-3",
+                                  "tuning-4", "tuning-5"}, entry
         assert entry["message"].strip() and entry["source"].startswith("https://"), entry
-        assert entry["kind"] is None or entry["kind"] in ids, f"unknown kind {entry['kind']!r}"
+        assert entry["kind"] is None or entry["kind"] in ids | set(AREA_CHAPTERS), f"unknown kind {entry['kind']!r}"
         assert entry["torch_version"] is None or re.fullmatch(r"\d+(\.\d+){0,2}", entry["torch_version"]), entry
     pairs = [(e["source"], e["message"]) for e in entries]
     assert len(pairs) == len(set(pairs)), "duplicate entries"
     labelled = [e for e in entries if e["kind"] is not None]
     assert len(labelled) >= 150 and len(entries) - len(labelled) >= 30
-    assert {e["kind"] for e in labelled} == ids, f"kinds without a real message: {ids - {e['kind'] for e in labelled}}"
+    assert ids <= {e["kind"] for e in labelled}, f"kinds without a real message: {ids - {e['kind'] for e in labelled}}"
 
 
 def test_corpus_recall_and_false_positive_rate():
