@@ -316,6 +316,11 @@ _CPP_FRAME = re.compile(r"Exception raised from (\S+) at (\S+?):\d+")
 # a C++ file and line in the message itself: 1.x's "... at /pytorch/aten/src/TH/generic/THTensor.cpp:711",
 # another program's "out of memory (c:\\projects\\lc0\\src\\neural\\cuda\\network_cudnn.cc:442"
 _CPP_LOCATION = re.compile(r"([\w.\\/:-]+?\.(?:cpp|cc|cu|cuh|h|hpp))\s?[:(]\s?\d+")
+_CPP_EXTENSION = re.compile(r"\.(?:cpp|cc|cu|cuh|h|hpp)\s?[:(]\s?\d")     # a cheap test first: few messages have one
+
+
+def _cpp_locations(text: str) -> list[re.Match]:
+    return list(_CPP_LOCATION.finditer(text)) if _CPP_EXTENSION.search(text) else []
 _PYTORCH_CPP = re.compile(r"((?:torch/csrc|aten/src|c10|caffe2)/.+)$")
 _OTHERS_CPP_OK = re.compile(r"(^|/)(third_party|gloo|nccl|onnx|onnxruntime\w*|fbgemm|ideep|mkl-dnn)/", flags=re.IGNORECASE)
 
@@ -345,7 +350,7 @@ def frames(text: str) -> list[tuple[str | None, str]]:
         if inside:
             found.append((inside.group(1).removeprefix("aten/src/"), match.group(1)))
     if not _CPP_FRAME.search(text):
-        for match in _CPP_LOCATION.finditer(text):
+        for match in _cpp_locations(text):
             path = match.group(1).replace("\\", "/")
             inside = _PYTORCH_CPP.search(path)
             if inside:      # "aten/src/TH/THStorage.cpp" -> "TH/THStorage.cpp"
@@ -370,7 +375,7 @@ def foreign_cpp(text: str) -> bool:
     """The message names C++ source files, and none of them is PyTorch's or a library it ships (cuDNN, NCCL,
     gloo, ONNX): a CUDA error of another program ("out of memory (c:\\projects\\lc0\\src\\...\\network.cc:442)")
     reads like PyTorch's, and the chapters' advice would be wrong there."""
-    files = [m.group(1).replace("\\", "/") for m in _CPP_LOCATION.finditer(text)]
+    files = [m.group(1).replace("\\", "/") for m in _cpp_locations(text)]
     files = [f for f in files if "/" in f]      # a bare "ProcessGroupNCCL.cpp:607" of a log line says nothing
     return bool(files) and not any(_PYTORCH_CPP.search(f) or _OTHERS_CPP_OK.search(f) or "/torch/" in f
                                    for f in files)
