@@ -58,109 +58,157 @@ def _area(id, what, chapter, section, docs, confident=True) -> Area:
 
 _LAYERS = "The shapes a layer expects"
 _BROADCAST = "Broadcasting: shapes that pair up wrongly"
+# Each part of PyTorch the chapters teach, defined once: where its errors are raised (AREAS) and what their
+# words are about (TOPICS) point at the same chapter, section and documentation page.
+_AREA: dict[str, Area] = {area.id: area for area in [
+    _area("distributed-sampler", "DistributedSampler: splits the dataset between the ranks", 5,
+          "3. Pitfall: no `sampler.set_epoch(epoch)`", "data.html#torch.utils.data.distributed.DistributedSampler"),
+    _area("data", "torch.utils.data: Dataset, DataLoader, its worker processes, samplers and collate", 2,
+          "1. `num_workers`: let other processes prepare the next batches", "data.html"),
+    _area("rendezvous", "the rendezvous: how the ranks find each other through a store before training", 5,
+          "10. Several machines, on one machine", "elastic/rendezvous.html"),
+    _area("torchrun", "torchrun's elastic agent: it starts, watches and restarts the worker processes", 5,
+          "Launching it", "elastic/run.html"),
+    _area("data-parallel", "nn.DataParallel: one process driving several GPUs", 5,
+          "1. Why not `nn.DataParallel`", "generated/torch.nn.DataParallel.html"),
+    _area("ddp", "DistributedDataParallel: averages the gradients of the ranks during backward()", 5,
+          "2. The training script: chapter 2's loop, distributed", "notes/ddp.html"),
+    _area("distributed", "torch.distributed: process groups and the collectives (NCCL, gloo) between ranks", 5,
+          "2. The training script: chapter 2's loop, distributed", "distributed.html"),
+    _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6,
+          "1. Half precision: `.half()` or `autocast`", "amp.html"),
+    _area("onnx", "ONNX export, and ONNX Runtime running the exported file", 6,
+          "3. ONNX with a dynamic batch axis", "onnx.html"),
+    _area("export", "torch.export: one whole graph of the model, with its shapes as guards", 6,
+          "4. Python control flow in `forward`", "export.html"),
+    _area("compile", "torch.compile: Dynamo captures the Python, Inductor generates the kernels", 6,
+          "2. `torch.compile`, measured like for like", "torch.compiler.html"),
+    _area("tensor-ops", "a tensor operation (shapes, dtypes and devices of its arguments)", 1, _BROADCAST,
+          "torch.html", confident=False),
+    _area("torchscript", "TorchScript (torch.jit.script / trace), the older way to capture a model", 6,
+          "4. Python control flow in `forward`", "jit.html", confident=False),
+    _area("serialization", "torch.save / torch.load: the checkpoint file and how it is unpickled", 4,
+          "1. `torch.save(model)` versus `torch.save(model.state_dict())`", "notes/serialization.html"),
+    _area("optim", "torch.optim: optimizers and learning-rate schedulers", 2,
+          "6. The training step, written out", "optim.html"),
+    _area("clipping", "gradient clipping", 2, "6. The training step, written out",
+          "generated/torch.nn.utils.clip_grad_norm_.html"),
+    _area("sync-batchnorm", "SyncBatchNorm: BatchNorm statistics gathered over the ranks of a DDP job", 5,
+          "2. The training script: chapter 2's loop, distributed", "generated/torch.nn.SyncBatchNorm.html"),
+    _area("batchnorm", "BatchNorm: statistics over the batch in training mode", 2, "3. `drop_last` and BatchNorm",
+          "generated/torch.nn.BatchNorm2d.html"),
+    _area("state-dict", "Module.load_state_dict: matching a checkpoint's keys and shapes to the model", 4,
+          "8. Keys and shapes that don't match", "notes/serialization.html"),
+    _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
+          "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html", confident=False),
+    _area("module", "nn.Module: how a model registers its layers, parameters and buffers", 2,
+          "4. Layers in a plain Python list, a tensor that should be a buffer", "generated/torch.nn.Module.html"),
+    _area("loss", "the loss functions: the input and target must agree in shape and dtype", 2, _LAYERS,
+          "nn.html#loss-functions", confident=False),
+    _area("layers", "the layers (torch.nn): each expects inputs of a given shape and dtype", 2, _LAYERS,
+          "nn.html", confident=False),
+    _area("indexing", "indexing and class-label losses: every index must lie inside the tensor", 3, "4. Data",
+          "generated/torch.nn.functional.cross_entropy.html", confident=False),
+    _area("distributions", "torch.distributions: a distribution's parameters must satisfy its constraints (a NaN "
+          "satisfies none)", 3, "4. Data", "distributions.html", confident=False),
+    _area("memory", "the memory allocators (CUDA caching allocator, CPU allocator)", 3,
+          "1. Estimate first, then measure", "notes/cuda.html#memory-management"),
+    _area("autograd", "autograd: records the operations and computes gradients in backward()", 1,
+          "2. What `backward()` fills in", "autograd.html"),
+    _area("import", "importing torch: its installation (shared libraries, DLLs)", None, "", "index.html"),
+    _area("numpy", "converting a tensor to NumPy: it must be on the CPU and outside autograd", 1,
+          "2. What `backward()` fills in", "generated/torch.Tensor.numpy.html", confident=False),
+    _area("devices", "devices: every tensor of an operation must be on the same device", 3,
+          "7. Model on one device, batch on another", "notes/cuda.html", confident=False),
+    _area("numerics", "numerics: values that overflow, or a matrix the algorithm cannot factorise", 3,
+          "6. Numerics", "linalg.html", confident=False),
+    _area("dtypes", "dtypes: an operation's tensors must have the dtypes it expects (float32, int64 labels)", 1,
+          "Dtypes that pair up wrongly", "tensor_attributes.html#torch-dtype", confident=False),
+    _area("nan", "non-finite values (NaN, Inf) in the data, the model or the numerics", 3, "4. Data",
+          "autograd.html#anomaly-detection", confident=False),
+]}
+
+
+def _low(id: str) -> Area:
+    """The area as a low-confidence placement (what the error's words alone give)."""
+    return replace(_AREA[id], confident=False)
+
+
 # (source path pattern, area), first match wins. Paths are as in the wheel ("torch/optim/sgd.py") or the
 # source tree ("torch/csrc/distributed/c10d/reducer.cpp", "ATen/native/Convolution.cpp").
 AREAS: list[tuple[str, Area]] = [
     (r"torch/utils/data/distributed\.py",
-     _area("distributed-sampler", "DistributedSampler: splits the dataset between the ranks", 5,
-           "3. Pitfall: no `sampler.set_epoch(epoch)`", "data.html#torch.utils.data.distributed.DistributedSampler")),
+     _AREA["distributed-sampler"]),
     (r"torch/utils/data/",
-     _area("data", "torch.utils.data: Dataset, DataLoader, its worker processes, samplers and collate", 2,
-           "1. `num_workers`: let other processes prepare the next batches", "data.html")),
+     _AREA["data"]),
     (r"torch/distributed/elastic/rendezvous|torch/distributed/rendezvous\.py|c10d/(TCPStore|socket|FileStore|Store)",
-     _area("rendezvous", "the rendezvous: how the ranks find each other through a store before training", 5,
-           "10. Several machines, on one machine", "elastic/rendezvous.html")),
+     _AREA["rendezvous"]),
     (r"torch/distributed/(elastic|run\.py|launch)|torch/multiprocessing/spawn",
-     _area("torchrun", "torchrun's elastic agent: it starts, watches and restarts the worker processes", 5,
-           "Launching it", "elastic/run.html")),
+     _AREA["torchrun"]),
     (r"torch/nn/parallel/(data_parallel|replicate|scatter_gather|parallel_apply|_functions)",
-     _area("data-parallel", "nn.DataParallel: one process driving several GPUs", 5,
-           "1. Why not `nn.DataParallel`", "generated/torch.nn.DataParallel.html")),
+     _AREA["data-parallel"]),
     (r"torch/nn/parallel/distributed\.py|c10d/(reducer|comm)",
-     _area("ddp", "DistributedDataParallel: averages the gradients of the ranks during backward()", 5,
-           "2. The training script: chapter 2's loop, distributed", "notes/ddp.html")),
+     _AREA["ddp"]),
     (r"torch/distributed/|torch/csrc/distributed/|c10d/|torch/nn/parallel/",
-     _area("distributed", "torch.distributed: process groups and the collectives (NCCL, gloo) between ranks", 5,
-           "2. The training script: chapter 2's loop, distributed", "distributed.html")),
+     _AREA["distributed"]),
     (r"torch/amp/|torch/cuda/amp/|torch/cpu/amp/|autocast",
-     _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6,
-           "1. Half precision: `.half()` or `autocast`", "amp.html")),
+     _AREA["amp"]),
     (r"torch/onnx/|onnxruntime|torch/csrc/onnx/|jit/passes/onnx",
-     _area("onnx", "ONNX export, and ONNX Runtime running the exported file", 6,
-           "3. ONNX with a dynamic batch axis", "onnx.html")),
+     _AREA["onnx"]),
     (r"torch/export/|torch/_export/|torch/fx/experimental/symbolic_shapes|torch/_higher_order_ops/cond",
-     _area("export", "torch.export: one whole graph of the model, with its shapes as guards", 6,
-           "4. Python control flow in `forward`", "export.html")),
+     _AREA["export"]),
     (r"torch/_dynamo/|torch/_inductor/|torch/compiler/|torch/csrc/dynamo/|torch/_functorch/|torch/_guards|"
      r"torch/_subclasses/fake_tensor|triton",
-     _area("compile", "torch.compile: Dynamo captures the Python, Inductor generates the kernels", 6,
-           "2. `torch.compile`, measured like for like", "torch.compiler.html")),
+     _AREA["compile"]),
     (r"torch/jit/_shape_functions",
-     _area("tensor-ops", "a tensor operation (shapes, dtypes and devices of its arguments)", 1, _BROADCAST,
-           "torch.html", confident=False)),
+     _AREA["tensor-ops"]),
     (r"torch/jit/|torch/csrc/jit/",
-     _area("torchscript", "TorchScript (torch.jit.script / trace), the older way to capture a model", 6,
-           "4. Python control flow in `forward`", "jit.html", confident=False)),
+     _AREA["torchscript"]),
     (r"torch/serialization\.py|torch/_weights_only_unpickler|caffe2/serialize|torch/csrc/serialization|"
      r"torch/_utils\.py|torch/storage\.py|torch/hub\.py",
-     _area("serialization", "torch.save / torch.load: the checkpoint file and how it is unpickled", 4,
-           "1. `torch.save(model)` versus `torch.save(model.state_dict())`", "notes/serialization.html")),
+     _AREA["serialization"]),
     (r"torch/optim/",
-     _area("optim", "torch.optim: optimizers and learning-rate schedulers", 2,
-           "6. The training step, written out", "optim.html")),
+     _AREA["optim"]),
     (r"torch/nn/utils/clip_grad",
-     _area("clipping", "gradient clipping", 2, "6. The training step, written out",
-           "generated/torch.nn.utils.clip_grad_norm_.html")),
+     _AREA["clipping"]),
+    (r"torch/nn/modules/batchnorm\.py:SyncBatchNorm|torch/nn/modules/_functions\.py",
+     _AREA["sync-batchnorm"]),
     (r"torch/nn/modules/batchnorm|ATen/native/Normalization|_verify_batch_size",
-     _area("batchnorm", "BatchNorm: statistics over the batch in training mode", 2, "3. `drop_last` and BatchNorm",
-           "generated/torch.nn.BatchNorm2d.html")),
+     _AREA["batchnorm"]),
     (r"torch/nn/modules/module\.py:(\w+\.)*(load_state_dict|_load_from_state_dict|state_dict|"
      r"_register_load_state_dict\w*)$",
-     _area("state-dict", "Module.load_state_dict: matching a checkpoint's keys and shapes to the model", 4,
-           "8. Keys and shapes that don't match", "notes/serialization.html")),
+     _AREA["state-dict"]),
     (r"torch/nn/modules/module\.py:(\w+\.)*(cuda|to|_apply|convert|to_empty|cpu)$",
-     _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
-           "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
-           confident=False)),
+     _AREA["cuda"]),
     # a layer's own __init__ failed: the layer was built with wrong arguments, not fed a wrong input
     (r"torch/nn/modules/\w+\.py:(\w+\.)*__init__$|torch/nn/modules/module\.py|torch/nn/modules/container\.py|"
      r"torch/nn/parameter\.py",
-     _area("module", "nn.Module: how a model registers its layers, parameters and buffers", 2,
-           "4. Layers in a plain Python list, a tensor that should be a buffer", "generated/torch.nn.Module.html")),
+     _AREA["module"]),
     (r"torch/nn/modules/loss\.py|ATen/native/Loss\.cpp|THC?U?NN/generic/\w*Criterion",
-     _area("loss", "the loss functions: the input and target must agree in shape and dtype", 2, _LAYERS,
-           "nn.html#loss-functions", confident=False)),
+     _AREA["loss"]),
     (r"torch/nn/modules/|torch/nn/functional\.py|ATen/native/(Convolution|ConvUtils|cudnn/Conv|Pool|"
      r"DilatedMaxPool|Adaptive|layer_norm|RNN|Linear\.cpp)",
-     _area("layers", "the layers (torch.nn): each expects inputs of a given shape and dtype", 2, _LAYERS,
-           "nn.html", confident=False)),
+     _AREA["layers"]),
     (r"ATen/native/(LossNLL|cuda/Loss|Embedding|cuda/Embedding|Indexing|cuda/Indexing|TensorAdvancedIndexing|"
      r"cuda/ScatterGather|Onehot|(cpu/|cuda/)?IndexKernel)",
-     _area("indexing", "indexing and class-label losses: every index must lie inside the tensor", 3, "4. Data",
-           "generated/torch.nn.functional.cross_entropy.html", confident=False)),
+     _AREA["indexing"]),
     # constraints.real is `value == value` (not NaN): a parameter that fails it is a NaN from the model
     (r"torch/distributions/",
-     _area("distributions", "torch.distributions: a distribution's parameters must satisfy its constraints (a NaN "
-           "satisfies none)", 3, "4. Data", "distributions.html", confident=False)),
+     _AREA["distributions"]),
     (r"CUDACachingAllocator|alloc_cpu|torch/cuda/memory\.py",
-     _area("memory", "the memory allocators (CUDA caching allocator, CPU allocator)", 3,
-           "1. Estimate first, then measure", "notes/cuda.html#memory-management")),
-    (r"torch/autograd/|torch/csrc/autograd/|"
+     _AREA["memory"]),
+    (r"torch/autograd/|torch/csrc/autograd/|torch/utils/checkpoint|"
      r"torch/_tensor\.py:(\w+\.)*(backward|register_hook|retain_grad|__array__|numpy)$",
-     _area("autograd", "autograd: records the operations and computes gradients in backward()", 1,
-           "2. What `backward()` fills in", "autograd.html")),
+     _AREA["autograd"]),
     (r"torch/cuda/|c10/cuda/|torch/csrc/cuda/|c10/core/Device|torch/_C/_cuda|ATen/cuda/",
-     _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
-           "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
-           confident=False)),
+     _AREA["cuda"]),
     # `import torch` itself failed (a DLL, a shared library, the CUDA runtime): the installation, no chapter
     (r"torch/__init__\.py:<module>$",
-     _area("import", "importing torch: its installation (shared libraries, DLLs)", None, "", "index.html")),
+     _AREA["import"]),
     (r"ATen/|c10/|TH/|THC/|THNN/|THCUNN/|torch/_refs/|torch/_prims|torch/_meta_registrations|torch/_decomp/|torch/functional\.py|"
      r"torch/_subclasses/fake_impls|"
      r"torch/_tensor\.py|torch/csrc/utils/|torch/_torch_docs|torch/__init__\.py",
-     _area("tensor-ops", "a tensor operation (shapes, dtypes and devices of its arguments)", 1, _BROADCAST,
-           "torch.html", confident=False)),
+     _AREA["tensor-ops"]),
 ]
 _AREA_PATTERNS = [(re.compile(pattern), area) for pattern, area in AREAS]
 
@@ -335,8 +383,8 @@ _STDLIB = re.compile(r"(^|/)[Ll]ib/(python[\d.]+/)?(multiprocessing|concurrent|i
 
 def frames(text: str) -> list[tuple[str | None, str]]:
     """(file, function) of each frame of a pasted traceback, outermost first: the file relative to the
-    installed package for PyTorch, ONNX Runtime and Triton (torch.compile's kernel compiler) frames, None for any other frame (the user's script, a
-    wrapper library); the standard library's frames are left out. C++'s `Exception raised from f at file`
+    installed package for PyTorch, ONNX Runtime and Triton (torch.compile's kernel compiler) frames, None for
+    any other frame (the user's script, a wrapper library); the standard library's frames are left out. C++'s `Exception raised from f at file`
     comes last: it is where the error was made."""
     found: list[tuple[str | None, str]] = []
     for match in _PY_FRAME.finditer(text):
@@ -474,85 +522,84 @@ _PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object ha
 # where no PyTorch word is printed
 _NO_GPU = (r"\b(CUDA|cuda|GPUs?|gpus?|[Aa]ccelerator)\b[\w ]{0,30}\b(is|are) not available\b|"
            r"\b[Nn]o (CUDA|cuda)[\w -]{0,20}\b(GPUs?|devices?)\b|\bnot available (cuda|CUDA|GPU)|"
-           r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b")
+           r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b")
 TOPICS: list[tuple[str, Area]] = [
     # a CUDA kernel's own assertion ("block: [0,0,0], thread: [31,0,0] Assertion `t >= 0` failed"): an index
     (r"device-side assert triggered|\bblock: \[\d+, ?\d+, ?\d+\], thread: \[\d+, ?\d+, ?\d+\]",
-     _area("indexing", "indexing and class-label losses: every index must lie inside the tensor", 3, "4. Data",
-           "generated/torch.nn.functional.cross_entropy.html", confident=False)),
+     _low("indexing")),
+    # the DataLoader's workers hand batches over through shared memory and file descriptors
+    (r"unable to mmap|received \d+ items of ancdata|Too many open files|resize storage that is not resizable|"
+     r"re-initialize CUDA in forked subprocess|\bshared memory\b.{0,40}\b(worker|DataLoader)",
+     _low("data")),
     (_NO_GPU,
-     _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
-           "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
-           confident=False)),
+     _low("cuda")),
+    # cuDNN's own failures: most often GPU memory running short, or an earlier kernel fault surfacing
+    (r"\bCUDNN_STATUS_\w+|\bcuDNN error\b",
+     _low("memory")),
     # the CUDA runtime's asynchronous kernel faults: most often an index out of range in an op or a custom kernel
     (r"illegal memory access|misaligned address|unspecified launch failure|illegal instruction was encountered|"
      r"CUBLAS_STATUS_EXECUTION_FAILED",
-     _area("indexing", "indexing and class-label losses: every index must lie inside the tensor", 3, "4. Data",
-           "generated/torch.nn.functional.cross_entropy.html", confident=False)),
+     _low("indexing")),
+    # an index outside its dimension (not Python's own "list index out of range")
+    (r"(?<!list )(?<!tuple )(?<!string )\bindex (-?\d+ )?(is )?out of (range|bounds)\b|\b[Ii]nvalid index\b",
+     _low("indexing")),
+    # Apple's MPS backend lacks some operations and float64: a device choice, chapter 1
+    (r"implemented for the MPS device|MPS framework doesn't support|\bMPS: .{0,60}\bsupported\b",
+     _low("cuda")),
     (r"\b(to|call) numpy\b|\.numpy\(\)|\b(np|numpy)\.ndarray\b",
-     _area("numpy", "converting a tensor to NumPy: it must be on the CPU and outside autograd", 1,
-           "2. What `backward()` fills in", "generated/torch.Tensor.numpy.html", confident=False)),
+     _low("numpy")),
     (r"\b(out of memory|OutOfMemoryError|ALLOC_FAILED|can't allocate memory|not enough memory)",
-     _area("memory", "the memory allocators (CUDA caching allocator, CPU allocator)", 3,
-           "1. Estimate first, then measure", "notes/cuda.html#memory-management", confident=False)),
+     _low("memory")),
+    # the launcher passes --local-rank (torch.distributed.launch) to a script that does not parse it
+    (r"--local[-_]rank\b",
+     _low("torchrun")),
     # DataParallel re-raises a replica's error as "Caught X in replica 0 on device 0"
     (r"\bin replica \d+ on device\b|\bDataParallel\b",
-     _area("data-parallel", "nn.DataParallel: one process driving several GPUs", 5,
-           "1. Why not `nn.DataParallel`", "generated/torch.nn.DataParallel.html", confident=False)),
+     _low("data-parallel")),
     (r"\b(DDP|DistributedDataParallel|gloo|c10d|world_size|rendezvous)\b|NCCL|nccl|[Pp]rocess ?[Gg]roup|"
      r"\bcollective operation",
-     _area("distributed", "torch.distributed: process groups and the collectives (NCCL, gloo) between ranks", 5,
-           "2. The training script: chapter 2's loop, distributed", "distributed.html", confident=False)),
+     _low("distributed")),
     (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision)\b|autocast)|\w*Half(Tensor|Type)\b",
-     _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6,
-           "1. Half precision: `.half()` or `autocast`", "amp.html", confident=False)),
+     _low("amp")),
     (r"\b(cuda|CUDA|GPU)\w*\b.{0,120}\b(cpu|CPU)\b|\b(cpu|CPU)\b.{0,120}\b(cuda|CUDA|GPU)|\bmps\b|\bMPS\b|"
      r"torch\.cuda\.\w+Tensor.{0,80}torch\.(?!cuda)\w+Tensor|torch\.(?!cuda)\w+Tensor.{0,80}torch\.cuda\.\w+Tensor|"
      r"\bCUDA\w*Type\b.{0,80}\bCPU\w*Type\b|\bCPU\w*Type\b.{0,80}\bCUDA\w*Type\b",
-     _area("devices", "devices: every tensor of an operation must be on the same device", 3,
-           "7. Model on one device, batch on another", "notes/cuda.html", confident=False)),
+     _low("devices")),
+    (r"\b(einsum|tensordot)\(\)",
+     _low("tensor-ops")),
+    # a factorisation of a matrix that is not positive-definite or is singular: numerics
+    (r"_LinAlgError|not positive-definite|\bis singular\b",
+     _low("numerics")),
     # two dtypes named against each other (Half/BFloat16 were taken by mixed precision above)
-    (r"\b(dtypes?|scalar type)\b.{0,80}\b(Long|Int|Float|Double|Byte|Bool|Short|Char)\b|"
+    (r"\b(dtypes?|scalar type)\b.{0,80}\b(Long|Int|Float|Double|Byte|Bool|Short|Char)\b|\b[Ee]xpected dtype \w+|"
      r"\b(Long|Int|Float|Double|Byte|Bool) for the (destination|source)\b",
-     _area("dtypes", "dtypes: an operation's tensors must have the dtypes it expects (float32, int64 labels)", 1,
-           "Dtypes that pair up wrongly", "tensor_attributes.html#torch-dtype", confident=False)),
+     _low("dtypes")),
     # a loss compares its input with its target: their shapes must pair up
     (r"\btarget (size [(\[]|tensor\b|batch_size\b)|\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
-     _area("loss", "the loss functions: the input and target must agree in shape and dtype", 2, _LAYERS,
-           "nn.html#loss-functions", confident=False)),
+     _low("loss")),
     (r"\b(NVIDIA driver|device ordinal|CUDA_VISIBLE_DEVICES|no CUDA GPUs|CUDA driver|compiled with CUDA|"
      r"CUDA is not available)",
-     _area("cuda", "torch.cuda: finding the GPUs, the driver, and running on them", 1,
-           "1. Pick the device once; a tensor carries it, and whether autograd tracks it", "cuda.html",
-           confident=False)),
+     _low("cuda")),
     (r"\b(dynamo|Dynamo|inductor|Inductor|triton|Triton|torch\.compile|graph break|[Rr]ecompil\w*|fullgraph)|"
      r"\bC(\+\+)? compil\w*|\bCppCompile",
-     _area("compile", "torch.compile: Dynamo captures the Python, Inductor generates the kernels", 6,
-           "2. `torch.compile`, measured like for like", "torch.compiler.html", confident=False)),
+     _low("compile")),
     # TorchScript's compiler points at the line it could not compile: "~~~~ <--- HERE"
     (r"<--- HERE|\bTorchScript\b|\bScriptModule\b|\btorch\.jit\b",
-     _area("torchscript", "TorchScript (torch.jit.script / trace), the older way to capture a model", 6,
-           "4. Python control flow in `forward`", "jit.html", confident=False)),
+     _low("torchscript")),
     (r"\b(ONNX|onnx|opset|onnxruntime|ONNXRuntime)",
-     _area("onnx", "ONNX export, and ONNX Runtime running the exported file", 6,
-           "3. ONNX with a dynamic batch axis", "onnx.html", confident=False)),
-    (r"\b(state_dict|checkpoint|[Uu]npickl\w*|torch\.load|torch\.save|map_location|weights_only|"
+     _low("onnx")),
+    (r"\b(state_dict|(?<!utils\.)checkpoint|[Uu]npickl\w*|torch\.load|torch\.save|map_location|weights_only|safetensors\w*|"
+     r"SafetensorError|deserializing header|"
      r"zip archive|central directory)|PytorchStreamReader|inline_container",
-     _area("serialization", "torch.save / torch.load: the checkpoint file and how it is unpickled", 4,
-           "1. `torch.save(model)` versus `torch.save(model.state_dict())`", "notes/serialization.html",
-           confident=False)),
+     _low("serialization")),
     (r"\b(DataLoader|[Dd]ataset|collate\w*|worker process|[Ss]ampler)\b",
-     _area("data", "torch.utils.data: Dataset, DataLoader, its worker processes, samplers and collate", 2,
-           "1. `num_workers`: let other processes prepare the next batches", "data.html", confident=False)),
+     _low("data")),
     (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|inplace operation)",
-     _area("autograd", "autograd: records the operations and computes gradients in backward()", 1,
-           "2. What `backward()` fills in", "autograd.html", confident=False)),
+     _low("autograd")),
     (r"\b(optimizer|lr_scheduler|param_groups|learning rate)\b",
-     _area("optim", "torch.optim: optimizers and learning-rate schedulers", 2,
-           "6. The training step, written out", "optim.html", confident=False)),
+     _low("optim")),
     (r"\b(nan|NaN|inf|non-finite)\b|\bError detected in \w+Backward|\banomaly detection",
-     _area("nan", "non-finite values (NaN, Inf) in the data, the model or the numerics", 3, "4. Data",
-           "autograd.html#anomaly-detection", confident=False)),
+     _low("nan")),
 ]
 _TOPIC_PATTERNS = [(re.compile(pattern), area) for pattern, area in TOPICS]
 _ERROR_LABEL = re.compile(r"\b\w*(Error|Exception)\b\s*:")
@@ -576,12 +623,16 @@ _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\
                             r"\bnn\.Module\b|Tried to allocate|GiB total capacity|Weights only load|"
                             r"Expected object of (backend|device type|scalar type)|<--- HERE|in replica \d+ on device|"
                             r"\b(TorchDynamo|Dynamo|Inductor|ONNX|triton)\b|"
-                            r"\b(pytorch_lightning|lightning\.pytorch|lightning_fabric|deepspeed)\b|" + _NO_GPU)
+                            r"\b(pytorch_lightning|lightning\.pytorch|lightning_fabric|deepspeed)\b|"
+                            r"\b(DistributedDataParallel|DataParallel|DistributedSampler|GradScaler|SyncBatchNorm|"
+                            r"ScriptModule|TorchScript|safetensors\w*|SafetensorError)\b|Error while deserializing header|"
+                            r"--local[-_]rank\b|\bMPS (Tensor|device|backend)\b|" + _NO_GPU)
 
 
 # pip's build output, and the file system's errors (a wrong path, a full disk): no chapter's advice fixes them,
 # whichever PyTorch function opened the file
-_PIP_OUTPUT = re.compile(r"subprocess-exited-with-error|Failed building wheel|Building wheels? for")
+_PIP_OUTPUT = re.compile(r"subprocess-exited-with-error|Failed building wheel|Building wheels? for|"
+                         r"compiled using NumPy \d|numpy\.core\.multiarray failed to import")
 _FILE_SYSTEM = re.compile(r"^(FileNotFoundError|IsADirectoryError|NotADirectoryError|PermissionError)\b|"
                           r"No space left on device|Disk quota exceeded")
 

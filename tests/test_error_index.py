@@ -227,8 +227,9 @@ def test_a_library_string_is_placed_in_the_file_that_precedes_it(tmp_path):
 def test_a_cpp_message_without_source_is_placed_by_the_library_layout():
     error = raised(lambda: torch.ones(3).index_select(0, torch.tensor([1.0])))   # TensorAdvancedIndexing.cpp
     got = explain(error)
-    assert got.chapter == 3 and got.confidence == "low", got
     assert "TensorAdvancedIndexing.cpp (the file is inferred from the library's layout)" in got.origin
+    # an index of the wrong dtype: the layout says indexing (chapter 3), its words say dtypes, which chapter 1 fixes
+    assert got.chapter == 1 and got.confidence == "low" and "its words are about dtypes" in got.origin, got
 
 
 def test_a_long_library_string_is_pytorchs_without_a_pytorch_word():
@@ -322,7 +323,17 @@ def torchscript_of_a_missing_method():
     torch.jit.script(f)
 
 
+def einsum_of_unequal_sizes():
+    torch.einsum("ij,jk->ik", torch.ones(2, 3), torch.ones(4, 5))
+
+
+def cholesky_of_a_matrix_that_is_not_positive_definite():
+    torch.linalg.cholesky(-torch.eye(2))
+
+
 PLACED = [(nan_parameter_of_a_distribution, 3, "distributions"), (one_hot_label_out_of_range, 3, "indexing"),
+          (einsum_of_unequal_sizes, 1, "tensor-ops"),
+          (cholesky_of_a_matrix_that_is_not_positive_definite, 3, "numerics"),
           (index_out_of_bounds, 3, "indexing"), (index_put_of_another_integer_dtype, 1, "dtypes"),
           (loss_target_of_the_wrong_shape, 2, "loss"), (layer_built_with_a_float_size, 2, "module"),
           (torchscript_of_a_missing_method, 6, "torchscript")]
@@ -380,3 +391,28 @@ def test_a_triton_frame_is_torch_compiles():
     pasted = normalise('  File "D:\\app\\venv\\Lib\\site-packages\\triton\\runtime\\build.py", line 139, in _build\n'
                        "subprocess.CalledProcessError: Command returned non-zero exit status 1.")
     assert frames(pasted) == [("triton/runtime/build.py", "_build")] and explain(pasted).chapter == 6
+
+
+@pytest.mark.parametrize("message, chapter", [
+    ("RuntimeError: received 0 items of ancdata", 2),                          # DataLoader workers' fd passing
+    ("RuntimeError: Too many open files. Communication with the workers is no longer possible.", 2),
+    ("RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR", 3),
+    ("ValueError: SyncBatchNorm expected input tensor to be on GPU", 5),
+    ("AssertionError: DistributedDataParallel is not needed when a module doesn't have any parameter that requires "
+     "a gradient.", 5),
+    ("safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge", 4),
+    ("NotImplementedError: The operator 'aten::foo' is not currently implemented for the MPS device.", 1),
+    ("RuntimeError: index 7 is out of range at /pytorch/aten/src/TH/generic/THTensorEvenMoreMath.cpp:193", 3),
+])
+def test_kinds_no_rule_covers_are_placed_by_their_words_or_template(message, chapter):
+    got = explain(message)
+    assert got is not None and got.chapter == chapter and not got.causes, (message, got and got.id)   # placed
+
+
+def test_pythons_own_index_error_and_installation_messages_are_not_placed():
+    user_code = normalise('  File "/home/me/train.py", line 9, in <module>\n    import torch\n'
+                          "IndexError: list index out of range")
+    assert explain(user_code) is None
+    assert explain("A module that was compiled using NumPy 1.x cannot be run in NumPy 2.0.0 as it may crash.\n"
+                   '  File "/env/lib/python3.10/site-packages/torch/__init__.py", line 1477, in <module>') is None
+    assert explain("FileNotFoundError: [Errno 2] No such file or directory: 'checkpoints/model.pth'") is None

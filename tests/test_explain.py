@@ -617,7 +617,7 @@ def test_corpus_is_well_formed_with_sources():
     for entry in entries:
         assert set(entry) == {"kind", "message", "source", "torch_version", "wrapper", "split"}, entry
         assert entry["split"] in {"tuning", "heldout-1", "heldout-2", "heldout-3", "heldout-4", "tuning-2", "tuning-3",
-                                  "tuning-4", "tuning-5"}, entry
+                                  "tuning-4", "tuning-5", "tuning-6"}, entry
         assert entry["message"].strip() and entry["source"].startswith("https://"), entry
         assert entry["kind"] is None or entry["kind"] in ids | set(AREA_CHAPTERS), f"unknown kind {entry['kind']!r}"
         assert entry["torch_version"] is None or re.fullmatch(r"\d+(\.\d+){0,2}", entry["torch_version"]), entry
@@ -628,15 +628,24 @@ def test_corpus_is_well_formed_with_sources():
     assert ids <= {e["kind"] for e in labelled}, f"kinds without a real message: {ids - {e['kind'] for e in labelled}}"
 
 
-def test_corpus_recall_and_false_positive_rate():
-    entries = load_corpus()
+# `tuning-6` was collected for breadth (one message per error sentence, kinds nobody had written a rule for): the
+# long tail. It is scored and printed with the rest, held to a floor that catches a broken placement layer, not to
+# the target of the kinds the rules were written for.
+LONG_TAIL, LONG_TAIL_RECALL_FLOOR, LONG_TAIL_FALSE_POSITIVE_LIMIT = {"tuning-6"}, 0.70, 0.20
+
+
+@pytest.mark.parametrize("long_tail", [False, True], ids=["written-for", "long-tail"])
+def test_corpus_recall_and_false_positive_rate(long_tail):
+    entries = [e for e in load_corpus() if (e["split"] in LONG_TAIL) == long_tail]
     per_kind, misses, claimed = score(entries)
     unrelated = sum(e["kind"] is None for e in entries)
     right = sum(r for r, _ in per_kind.values())
     total = sum(t for _, t in per_kind.values())
     table = report(per_kind, misses, claimed, unrelated)
     print(table)                                          # shown with -s, and in the failure message
-    assert right / total >= RECALL_TARGET and len(claimed) / unrelated <= FALSE_POSITIVE_LIMIT, \
+    recall, false_positives = (LONG_TAIL_RECALL_FLOOR, LONG_TAIL_FALSE_POSITIVE_LIMIT) if long_tail else \
+        (RECALL_TARGET, FALSE_POSITIVE_LIMIT)
+    assert right / total >= recall and len(claimed) / unrelated <= false_positives, \
         f"recall {right}/{total}, false positives {len(claimed)}/{unrelated}\n{table}"
 
 
