@@ -29,7 +29,8 @@ MAX_SAME_WORDING = 2
 def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
     entries = [json.loads(line) for part in parts for line in part.read_text(encoding="utf-8").splitlines()
                if line.strip()]
-    used = {json.loads(line)["source"] for path in (ROOT / "tests" / "data").glob("*.jsonl")
+    data = ROOT / "tests" / "data"
+    used = {json.loads(line)["source"] for path in [*data.glob("*.jsonl"), *data.glob("development_pending/*.jsonl")]
             if path.resolve() != output.resolve()
             for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
     development = development_texts()
