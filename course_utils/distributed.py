@@ -95,10 +95,17 @@ def still_running(pids: list[int]) -> list[int]:
             os.kill(pid, 0)
         except ProcessLookupError:
             continue
-        status = Path(f"/proc/{pid}/status")
-        if not (status.exists() and "zombie" in status.read_text()):
+        if not _finished_but_listed(pid):
             running.append(pid)
     return running
+
+
+def _finished_but_listed(pid: int) -> bool:
+    """A zombie (dead, not yet reaped), or reaped since os.kill found it; Linux's /proc tells, elsewhere no."""
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return Path("/proc").is_dir()
 
 
 # --- launching torchrun -------------------------------------------------------------------

@@ -176,6 +176,15 @@ def test_still_running_tells_live_from_finished_processes():
     assert still_running([os.getpid(), int(finished.stdout)]) == [os.getpid()]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_process_reaped_between_the_two_checks_is_finished(monkeypatch):
+    import subprocess
+    # os.kill found it, then its parent reaped it before /proc/PID/status was read (a CI run hit this race)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    monkeypatch.setattr(os, "kill", lambda pid, signal: None)
+    assert still_running([int(finished.stdout)]) == []
+
+
 def test_launch_rejects_bad_nproc():
     with pytest.raises(ValueError, match="nproc"):
         launch_torchrun("course_utils.ddp_train", 0)
