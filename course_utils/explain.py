@@ -170,6 +170,11 @@ def _rule(id, title, causes, fix, chapter, section, patterns, examples, reproduc
                 tuple(examples))
 
 
+# How torchrun and mp.spawn report that a worker process failed, whatever the worker's error was: the
+# `distributed-launch` rule's, unless the worker's own error was pasted too (see `explain`)
+_LAUNCHER_REPORTS = [r"ChildFailedError", r"failed \(exitcode: -?\d+\) local_rank:", r"torchrun exited with code",
+                     r"Process(Raised|Exited)Exception", r"process \d+ terminated with (exit code|signal)"]
+
 # The first matching rule wins: driver and compiler problems before what they cause, timeouts before
 # launch failures, specific torch.compile/export kinds before the generic graph break.
 RULES: list[Rule] = [
@@ -294,10 +299,8 @@ RULES: list[Rule] = [
           "the failing rank's traceback",
           5, "Launching it",
           [r"environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) expected",
-           r"env:// rendezvous: \w+ not set", r"ChildFailedError",
-           r"failed \(exitcode: -?\d+\) local_rank:", r"torchrun exited with code",
-           r"Default process group has not been initialized", r"Duplicate GPU detected", r"NCCL error",
-           r"Process(Raised|Exited)Exception", r"process \d+ terminated with (exit code|signal)"],
+           r"env:// rendezvous: \w+ not set", r"Default process group has not been initialized",
+           r"Duplicate GPU detected", r"NCCL error", *_LAUNCHER_REPORTS],
           ["environment variable RANK expected, but not set", "ChildFailedError", "NCCL error"]),
     _rule("corrupt-checkpoint", "the checkpoint file is truncated or not a checkpoint",
           ["the save was interrupted (a crash or kill during torch.save) and left half a file",
@@ -606,7 +609,8 @@ RULES: list[Rule] = [
           "find_nonfinite(batch) for the data, locate_nonfinite(model, x) for the layer, then lower the learning "
           "rate or clip_grad_norm_; torch.autograd.detect_anomaly() names the backward op",
           3, "4. Data",
-          [r"returned nan values", r"\bloss\b[\w `]{0,40}?(\bis\b|\bbecame\b|=|:)\s*['\"]?nan\b", r"\bloss nan\b", r"\[loss\]\s*nan\b",
+          [r"returned nan values", r"\bloss\b[\w `]{0,40}?(\bis\b|\bbecame\b|=|:)\s*['\"]?nan\b", r"\bloss nan\b",
+           r"\[loss\]\s*nan\b",
            r"\b(nan|non-finite) loss\b", r"Minimum loss scale reached", r"overflow detected, setting loss scale",
            r"outputs? (is|are) nan\b", r"\bloss became infinite or nan\b",
            r"probability tensor contains either .?inf.?, .?nan.? or element < 0", r"invalid multinomial distribution"],
@@ -705,9 +709,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _LINE_PREFIX = re.compile(r"^\s*(\[(rank|default)\d+\]:)+", flags=re.MULTILINE)
 
 
-# how a launcher reports that a worker process failed, whatever the worker's error was
-_LAUNCHER_REPORT = re.compile(r"ChildFailedError|failed \(exitcode: -?\d+\) local_rank:|torchrun exited with code|"
-                              r"Process(Raised|Exited)Exception|process \d+ terminated with (exit code|signal)")
+_LAUNCHER_REPORT = re.compile("|".join(_LAUNCHER_REPORTS), flags=re.IGNORECASE)   # as the rules match
 
 
 def normalise(text: str) -> str:
