@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from corpus_novelty import DEVELOPMENT, development_texts, seen  # noqa: E402
+from corpus_novelty import development_texts, seen  # noqa: E402
 
 from course_utils import explain  # noqa: E402
 from course_utils.error_origin import _index, _source_files, _vocabulary, template_versions  # noqa: E402
@@ -62,7 +62,7 @@ def measure(heldout_set: int = LATEST) -> dict:
     started = time.perf_counter()
     _index(), _vocabulary(), _source_files()  # explain()'s first call loads them; timed apart here
     load_ms = (time.perf_counter() - started) * 1e3
-    development = development_texts(DEVELOPMENT[:1])    # what the code was revised on, not messages still pending
+    development = development_texts()
     rows, times = [], []
     for entry in entries:
         started = time.thread_time()      # CPU time of this thread: another process on a busy machine does not count

@@ -141,6 +141,9 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["distributed-sampler"]),
     (r"torch/utils/data/",
      _AREA["data"]),
+    # torch.distributed.checkpoint saves and loads sharded state dicts: a checkpoint's keys, chapter 4
+    (r"torch/distributed/checkpoint/",
+     _AREA["serialization"]),
     (r"torch/distributed/elastic/rendezvous|torch/distributed/rendezvous\.py|c10d/(TCPStore|socket|FileStore|Store)",
      _AREA["rendezvous"]),
     (r"torch/distributed/(elastic|run\.py|launch)|torch/multiprocessing/spawn",
@@ -155,7 +158,8 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["amp"]),
     (r"torch/onnx/|onnxruntime|torch/csrc/onnx/|jit/passes/onnx",
      _AREA["onnx"]),
-    (r"torch/export/|torch/_export/|torch/fx/experimental/symbolic_shapes|torch/_higher_order_ops/cond",
+    (r"torch/export/|torch/_export/|torch/fx/(proxy|_symbolic_trace)\.py|torch/fx/experimental/symbolic_shapes|"
+     r"torch/_higher_order_ops/cond",
      _AREA["export"]),
     (r"torch/_dynamo/|torch/_inductor/|torch/compiler/|torch/csrc/dynamo/|torch/_functorch/|torch/_guards|"
      r"torch/_subclasses/fake_tensor|triton",
@@ -190,12 +194,12 @@ AREAS: list[tuple[str, Area]] = [
      r"DilatedMaxPool|Adaptive|layer_norm|RNN|Linear\.cpp)",
      _AREA["layers"]),
     (r"ATen/native/(LossNLL|cuda/Loss|Embedding|cuda/Embedding|Indexing|cuda/Indexing|TensorAdvancedIndexing|"
-     r"cuda/ScatterGather|Onehot|(cpu/|cuda/)?IndexKernel)",
+     r"(cuda/)?ScatterGather|Onehot|(cpu/|cuda/)?IndexKernel)",
      _AREA["indexing"]),
     # constraints.real is `value == value` (not NaN): a parameter that fails it is a NaN from the model
     (r"torch/distributions/",
      _AREA["distributions"]),
-    (r"CUDACachingAllocator|alloc_cpu|torch/cuda/memory\.py",
+    (r"CUDACachingAllocator|alloc_cpu|torch/(cuda|xpu|mps)/memory\.py",
      _AREA["memory"]),
     (r"torch/autograd/|torch/csrc/autograd/|torch/utils/checkpoint|"
      r"torch/_tensor\.py:(\w+\.)*(backward|register_hook|retain_grad|__array__|numpy)$",
@@ -419,12 +423,17 @@ def _source_files() -> dict[str, str]:
             if name.endswith((".cpp", ".cc", ".cu")) and len({area_of(f) for f in files}) == 1}
 
 
+_NCCL_LOG = re.compile(r"\bNCCL (WARN|INFO)\b")
+
+
 def foreign_cpp(text: str) -> bool:
     """The message names C++ source files, and none of them is PyTorch's or a library it ships (cuDNN, NCCL,
     gloo, ONNX): a CUDA error of another program ("out of memory (c:\\projects\\lc0\\src\\...\\network.cc:442)")
     reads like PyTorch's, and the chapters' advice would be wrong there."""
     files = [m.group(1).replace("\\", "/") for m in _cpp_locations(text)]
     files = [f for f in files if "/" in f]      # a bare "ProcessGroupNCCL.cpp:607" of a log line says nothing
+    if _NCCL_LOG.search(text):                  # NCCL's own log lines name NCCL's sources ("misc/socket.cc:30")
+        return False
     return bool(files) and not any(_PYTORCH_CPP.search(f) or _OTHERS_CPP_OK.search(f) or "/torch/" in f
                                    for f in files)
 
@@ -435,12 +444,28 @@ _QUALIFIED_ERROR = re.compile(r"\b((?:torch|triton)(?:\.\w+)+)\.[A-Z]\w*(?:Error
                               r"Non-zero status code returned while running \w+ node")
 
 
+# exception classes PyTorch defines under names no other library uses, as a paste shows them without their module
+# ("BackendCompilerFailed: backend='inductor' raised:"); each looked up in the torch 2.13 wheel (the Dist*Error
+# classes are defined in C++ and exported by torch.distributed)
+_PYTORCH_EXCEPTIONS = {
+    "BackendCompilerFailed": "torch/_dynamo/", "TorchRuntimeError": "torch/_dynamo/",
+    "UncapturedHigherOrderOpError": "torch/_dynamo/", "InductorError": "torch/_inductor/",
+    "CppCompileError": "torch/_inductor/", "ConstraintViolationError": "torch/fx/experimental/symbolic_shapes.py",
+    "TraceError": "torch/fx/proxy.py", "UnsupportedOperatorError": "torch/onnx/", "OnnxExporterError": "torch/onnx/",
+    "SymbolicValueError": "torch/onnx/", "CheckpointException": "torch/distributed/checkpoint/",
+    "ChildFailedError": "torch/distributed/elastic/", "RendezvousConnectionError": "torch/distributed/elastic/rendezvous/",
+    "DistBackendError": "torch/distributed/", "DistNetworkError": "torch/distributed/", "DistStoreError": "torch/distributed/",
+}
+_PYTORCH_EXCEPTION = re.compile(r"\b(" + "|".join(_PYTORCH_EXCEPTIONS) + r")\b")
+
+
 def error_module(text: str) -> str | None:
     """The source path of the module whose exception class the message names ("torch/jit/"), or
     "onnxruntime" for ONNX Runtime's errors; None when it names none."""
     match = _QUALIFIED_ERROR.search(text)
     if match is None:
-        return None
+        named = _PYTORCH_EXCEPTION.search(text)
+        return _PYTORCH_EXCEPTIONS[named.group(1)] if named else None
     if match.group(1):
         return match.group(1).replace(".", "/") + "/"
     return "onnxruntime"
@@ -472,8 +497,11 @@ def origin(text: str) -> Origin | None:
         area = area_of(template.file, template.function)
         if by_frame is not None and (area is None or not area.confident) and frame_area.confident:
             return by_frame                   # a broad operation (a stack, a cat) called by a precise part (collate)
-        if template.inferred:       # a header's __FILE__ is inlined everywhere: its place says nothing
-            placed = area is not None and not template.file.endswith((".h", ".hpp", ".cuh"))
+        if template.inferred:       # a core header's __FILE__ is inlined everywhere: its place says nothing,
+            # but a header of one part of PyTorch (c10d's, the scatter/gather checks) is included by that part
+            core = template.file.endswith((".h", ".hpp", ".cuh")) and area is not None and \
+                area.id in ("tensor-ops", "cuda")
+            placed = area is not None and not core
             return Origin(template.file, "", "library", replace(area, confident=False) if placed else None)
         return Origin(template.file, template.function, "template", area)
     if by_frame is not None:
@@ -506,6 +534,7 @@ def log_source(text: str) -> str | None:
 # Python's own messages that PyTorch raises in the same words (Module.__getattr__'s "'X' object has no
 # attribute 'y'"): a match of one of these templates alone does not make a message PyTorch's
 _PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object has no attribute \x00|"
+                          r"module '\x00' has no attribute '\x00'|"
                           r"\x00\(\) takes \x00 positional arguments? but \x00 (were|was) given|"
                           r"\x00\(\) got an unexpected keyword argument '\x00'|No module named '?\x00'?|"
                           r"'\x00' object is not (subscriptable|callable|iterable)")
@@ -522,7 +551,8 @@ _PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object ha
 # where no PyTorch word is printed
 _NO_GPU = (r"\b(CUDA|cuda|GPUs?|gpus?|[Aa]ccelerator)\b[\w ]{0,30}\b(is|are) not available\b|"
            r"\b[Nn]o (CUDA|cuda)[\w -]{0,20}\b(GPUs?|devices?)\b|\bnot available (cuda|CUDA|GPU)|"
-           r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b")
+           r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b|"
+           r"\b[Nn]o supported (gpu|GPU|CUDA)\b")
 TOPICS: list[tuple[str, Area]] = [
     # a CUDA kernel's own assertion ("block: [0,0,0], thread: [31,0,0] Assertion `t >= 0` failed"): an index
     (r"device-side assert triggered|\bblock: \[\d+, ?\d+, ?\d+\], thread: \[\d+, ?\d+, ?\d+\]",
@@ -548,7 +578,7 @@ TOPICS: list[tuple[str, Area]] = [
      _low("cuda")),
     (r"\b(to|call) numpy\b|\.numpy\(\)|\b(np|numpy)\.ndarray\b",
      _low("numpy")),
-    (r"\b(out of memory|OutOfMemoryError|ALLOC_FAILED|can't allocate memory|not enough memory)",
+    (r"\b(out of memory|OutOfMemoryError|ALLOC_FAILED|can't allocate memory|not enough memory)|OUT_OF_RESOURCES\b",
      _low("memory")),
     # the launcher passes --local-rank (torch.distributed.launch) to a script that does not parse it
     (r"--local[-_]rank\b",
@@ -557,7 +587,7 @@ TOPICS: list[tuple[str, Area]] = [
     (r"\bin replica \d+ on device\b|\bDataParallel\b",
      _low("data-parallel")),
     (r"\b(DDP|DistributedDataParallel|gloo|c10d|world_size|rendezvous)\b|NCCL|nccl|[Pp]rocess ?[Gg]roup|"
-     r"\bcollective operation",
+     r"\bcollectives?\b",
      _low("distributed")),
     (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision)\b|autocast)|\w*Half(Tensor|Type)\b",
      _low("amp")),
@@ -581,20 +611,22 @@ TOPICS: list[tuple[str, Area]] = [
      r"CUDA is not available)",
      _low("cuda")),
     (r"\b(dynamo|Dynamo|inductor|Inductor|triton|Triton|torch\.compile|graph break|[Rr]ecompil\w*|fullgraph)|"
-     r"\bC(\+\+)? compil\w*|\bCppCompile",
+     r"\bC(\+\+)? compil\w*|\bCppCompile|BackendCompilerFailed|"
+     # CUDA graphs (torch.compile's mode="reduce-overhead") record a stream: other work may not run meanwhile
+     r"\bstream is capturing\b|\b(CUDA ?[Gg]raphs?|cudagraphs?|CUDAGraph\w*)\b",
      _low("compile")),
     # TorchScript's compiler points at the line it could not compile: "~~~~ <--- HERE"
-    (r"<--- HERE|\bTorchScript\b|\bScriptModule\b|\btorch\.jit\b",
+    (r"<--- HERE|\bTorchScript\b|\bScriptModule\b|\btorch\.jit\b|\bJIT\b",
      _low("torchscript")),
     (r"\b(ONNX|onnx|opset|onnxruntime|ONNXRuntime)",
      _low("onnx")),
     (r"\b(state_dict|(?<!utils\.)checkpoint|[Uu]npickl\w*|torch\.load|torch\.save|map_location|weights_only|safetensors\w*|"
-     r"SafetensorError|deserializing header|"
+     r"SafetensorError|deserializing header|\bmeta tensors?\b|Can't get attribute '\w+' on <module|"
      r"zip archive|central directory)|PytorchStreamReader|inline_container",
      _low("serialization")),
     (r"\b(DataLoader|[Dd]ataset|collate\w*|worker process|[Ss]ampler)\b",
      _low("data")),
-    (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|inplace operation)",
+    (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|graph leaves|inplace operation)",
      _low("autograd")),
     (r"\b(optimizer|lr_scheduler|param_groups|learning rate)\b",
      _low("optim")),
@@ -619,7 +651,8 @@ def error_text(text: str) -> str:
 # other frameworks do not use (a `state_dict`, a `grad_fn`, `cuda:0`, the caching allocator's "total capacity")
 _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\b|\bCUBLAS_|\bNCCL\b|"
                             r"\bRuntimeError\b|\b(state_dict|grad_fn|requires_grad|map_location|DataLoader|torchrun|"
-                            r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor)\b|\bcuda:\d|"
+                            r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|BackendCompilerFailed)\b|"
+                            r"\b(cuda|mps|xpu):\d|"
                             r"\bnn\.Module\b|Tried to allocate|GiB total capacity|Weights only load|"
                             r"Expected object of (backend|device type|scalar type)|<--- HERE|in replica \d+ on device|"
                             r"\b(TorchDynamo|Dynamo|Inductor|ONNX|triton)\b|"

@@ -339,6 +339,14 @@ RULES: list[Rule] = [
            r"Can't get attribute '[^']*' on <module '__main__'$",
            r"(torch\.load|serialization\.py|find_class).{0,800}?ModuleNotFoundError: No module named"],
           ["Can't get attribute 'Net' on <module '__main__' from 'train.py'>"]),
+    _rule("model-not-picklable", "torch.save(model) cannot pickle something the model holds",
+          ["torch.save(model) pickles the whole object: every attribute must be picklable, and a lambda, a local "
+           "function, a lock, an open file or a C extension object is not",
+           "a wrapper (a logger, a data pipeline, a tokenizer) kept as an attribute of the model"],
+          "save model.state_dict() (tensors only); rebuild the model from code when loading",
+          4, "1. `torch.save(model)` versus `torch.save(model.state_dict())`",
+          [r"(torch\.save\(|serialization\.py\"?, line \d+, in _?save\b)[\s\S]{0,3000}?\b(can't|cannot) pickle"],
+          ["torch.save(model, path) ... Can't pickle local object 'Net.__init__.<locals>.<lambda>'"]),
     _rule("cuda-checkpoint-on-cpu", "a GPU checkpoint loaded where its GPU does not exist",
           ["the checkpoint was saved from CUDA tensors and torch.load has no map_location",
            "it was saved on cuda:N and this machine has fewer GPUs (or none visible)",
@@ -721,8 +729,12 @@ def normalise(text: str) -> str:
 
 
 def _message(error: BaseException | str) -> str:
+    """The text the rules read: a pasted message as it is; an exception as its traceback's frame lines (without
+    their code, whose words are the user's) and its last line, as a paste of it would read."""
     if isinstance(error, BaseException):
-        return f"{type(error).__name__}: {error}"
+        frames = "".join(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n'
+                         for frame in traceback.extract_tb(error.__traceback__))
+        return f"{frames}{type(error).__name__}: {error}"
     if isinstance(error, str):
         return error
     raise TypeError(f"explain takes an exception or a message, got {type(error).__name__}")

@@ -195,14 +195,14 @@ def test_the_errors_own_words_replace_a_broad_placement():
 
 def test_the_vocabulary_of_an_area_places_an_unknown_pytorch_message():
     from course_utils.error_origin import vocabulary_area
-    message = "RuntimeError: the collective on this rank timed out waiting for peers"    # no rule, template, topic
+    message = "RuntimeError: the broadcast on this rank timed out waiting for peers"    # no rule, template, topic
     area, posterior = vocabulary_area(message)
     assert area.chapter == 5 and 0.7 <= posterior <= 1 and not area.confident
     got = explain(message)
     assert got.chapter == 5 and got.confidence == "low" and "probability" in got.origin
     assert vocabulary_area("RuntimeError: 42") is None                       # too few words to say anything
     # the same words from another framework are not PyTorch's
-    assert explain("tensorflow.python.framework.errors_impl.InternalError: the collective on this rank timed "
+    assert explain("tensorflow.python.framework.errors_impl.InternalError: the broadcast on this rank timed "
                    "out waiting for peers") is None
 
 

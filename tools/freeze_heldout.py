@@ -30,8 +30,7 @@ def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
     entries = [json.loads(line) for part in parts for line in part.read_text(encoding="utf-8").splitlines()
                if line.strip()]
     data = ROOT / "tests" / "data"
-    used = {json.loads(line)["source"] for path in [*data.glob("*.jsonl"), *data.glob("development_pending/*.jsonl")]
-            if path.resolve() != output.resolve()
+    used = {json.loads(line)["source"] for path in data.glob("*.jsonl") if path.resolve() != output.resolve()
             for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
     development = development_texts()
     removed: Counter = Counter()
