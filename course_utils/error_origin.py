@@ -161,6 +161,10 @@ AREAS: list[tuple[str, Area]] = [
     (r"torch/export/|torch/_export/|torch/fx/(proxy|_symbolic_trace)\.py|torch/fx/experimental/symbolic_shapes|"
      r"torch/_higher_order_ops/cond",
      _AREA["export"]),
+    # Dynamo's models of tensor methods repeat eager PyTorch's messages (some in wordings eager PyTorch has
+    # since changed): a template there says "a tensor operation", as likely outside torch.compile as inside it
+    (r"torch/_dynamo/variables/",
+     _low("compile")),
     (r"torch/_dynamo/|torch/_inductor/|torch/compiler/|torch/csrc/dynamo/|torch/_functorch/|torch/_guards|"
      r"torch/_subclasses/fake_tensor|triton",
      _AREA["compile"]),
@@ -361,9 +365,11 @@ def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> 
 
 
 # ---------------------------------------------------------------- traceback frames
-# Python's own format, and the "path.py:line in function" of IPython/Jupyter and rich (Lightning) tracebacks
+# Python's own format, the "path.py:line in function" of IPython/Jupyter and rich (Lightning) tracebacks, and
+# older IPython's and Colab's "path.py in function(arguments)" ("[/usr/lib/python3.7/pickle.py](https://...) in load")
 _PY_FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<function>\S+)|'
-                       r'(?P<path2>[^\s"│]+\.py):\d+,? in (?P<function2>[\w.<>]+)')
+                       r'(?P<path2>[^\s"│]+\.py):\d+,? in (?P<function2>[\w.<>]+)|'
+                       r'(?P<path3>[^\s"\[\]()]+\.py)(?:\]\([^)\s]*\))? in (?P<function3>[\w<>]+)\(')
 _CPP_FRAME = re.compile(r"Exception raised from (\S+) at (\S+?):\d+")
 # a C++ file and line in the message itself: 1.x's "... at /pytorch/aten/src/TH/generic/THTensor.cpp:711",
 # another program's "out of memory (c:\\projects\\lc0\\src\\neural\\cuda\\network_cudnn.cc:442"
@@ -392,11 +398,12 @@ def frames(text: str) -> list[tuple[str | None, str]]:
     comes last: it is where the error was made."""
     found: list[tuple[str | None, str]] = []
     for match in _PY_FRAME.finditer(text):
-        path = (match.group("path") or match.group("path2")).replace("\\", "/")
+        path = (match.group("path") or match.group("path2") or match.group("path3")).replace("\\", "/")
         if _STDLIB.search(path):
             continue
         inside = re.search(r"(?:site-packages|dist-packages|lib/python[\d.]+)/((?:torch|onnxruntime|triton)/.+)", path)
-        found.append((inside.group(1) if inside else None, match.group("function") or match.group("function2")))
+        function = match.group("function") or match.group("function2") or match.group("function3")
+        found.append((inside.group(1) if inside else None, function))
     for match in _CPP_FRAME.finditer(text):
         inside = _PYTORCH_CPP.search(match.group(2).replace("\\", "/"))
         if inside:
@@ -563,6 +570,12 @@ TOPICS: list[tuple[str, Area]] = [
      _low("data")),
     (_NO_GPU,
      _low("cuda")),
+    # a device named wrongly ("cuda:cuda:0", "GPU"): picking the device, chapter 1
+    (r"\b[Ii]nvalid device string\b|\bdevice type at start of device string\b|\bExpected one of cpu, cuda\b",
+     _low("cuda")),
+    # the DataLoader copies batches into pinned memory (pin_memory=True): only CPU tensors can be pinned
+    (r"\bpin memory thread\b|\bcannot pin\b|\bonly dense CPU tensors can be pinned\b",
+     _low("data")),
     # cuDNN's own failures: most often GPU memory running short, or an earlier kernel fault surfacing
     (r"\bCUDNN_STATUS_\w+|\bcuDNN error\b",
      _low("memory")),
@@ -576,7 +589,7 @@ TOPICS: list[tuple[str, Area]] = [
     # Apple's MPS backend lacks some operations and float64: a device choice, chapter 1
     (r"implemented for the MPS device|MPS framework doesn't support|\bMPS: .{0,60}\bsupported\b",
      _low("cuda")),
-    (r"\b(to|call) numpy\b|\.numpy\(\)|\b(np|numpy)\.ndarray\b",
+    (r"\b(to|call) numpy\b|\.numpy\(\)|\b(np|numpy)\.ndarray\b|\bnumpy array\b",
      _low("numpy")),
     (r"\b(out of memory|OutOfMemoryError|ALLOC_FAILED|can't allocate memory|not enough memory)|OUT_OF_RESOURCES\b",
      _low("memory")),
@@ -591,7 +604,8 @@ TOPICS: list[tuple[str, Area]] = [
      _low("distributed")),
     (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision)\b|autocast)|\w*Half(Tensor|Type)\b",
      _low("amp")),
-    (r"\b(cuda|CUDA|GPU)\w*\b.{0,120}\b(cpu|CPU)\b|\b(cpu|CPU)\b.{0,120}\b(cuda|CUDA|GPU)|\bmps\b|\bMPS\b|"
+    (r"\bon different (GPUs|devices)\b|\bto have the same device\b|\bmust be on the same device\b|"
+     r"\b(cuda|CUDA|GPU)\w*\b.{0,120}\b(cpu|CPU)\b|\b(cpu|CPU)\b.{0,120}\b(cuda|CUDA|GPU)|\bmps\b|\bMPS\b|"
      r"torch\.cuda\.\w+Tensor.{0,80}torch\.(?!cuda)\w+Tensor|torch\.(?!cuda)\w+Tensor.{0,80}torch\.cuda\.\w+Tensor|"
      r"\bCUDA\w*Type\b.{0,80}\bCPU\w*Type\b|\bCPU\w*Type\b.{0,80}\bCUDA\w*Type\b",
      _low("devices")),
@@ -602,7 +616,9 @@ TOPICS: list[tuple[str, Area]] = [
      _low("numerics")),
     # two dtypes named against each other (Half/BFloat16 were taken by mixed precision above)
     (r"\b(dtypes?|scalar type)\b.{0,80}\b(Long|Int|Float|Double|Byte|Bool|Short|Char)\b|\b[Ee]xpected dtype \w+|"
-     r"\b(Long|Int|Float|Double|Byte|Bool) for the (destination|source)\b",
+     r"\b(Long|Int|Float|Double|Byte|Bool) for the (destination|source)\b|"
+     # a tensor built from strings or Python objects: torch.tensor(["a"]), an object array from pandas
+     r"\btoo many dimensions '\w+'|\bcan't convert np\.ndarray of type",
      _low("dtypes")),
     # a loss compares its input with its target: their shapes must pair up
     (r"\btarget (size [(\[]|tensor\b|batch_size\b)|\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
@@ -624,7 +640,7 @@ TOPICS: list[tuple[str, Area]] = [
      r"SafetensorError|deserializing header|\bmeta tensors?\b|Can't get attribute '\w+' on <module|"
      r"zip archive|central directory)|PytorchStreamReader|inline_container",
      _low("serialization")),
-    (r"\b(DataLoader|[Dd]ataset|collate\w*|worker process|[Ss]ampler)\b",
+    (r"\b(DataLoader|[Dd]ataset|collate\w*|worker process|[Ss]ampler|num_workers)\b",
      _low("data")),
     (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|graph leaves|inplace operation)",
      _low("autograd")),
@@ -651,7 +667,8 @@ def error_text(text: str) -> str:
 # other frameworks do not use (a `state_dict`, a `grad_fn`, `cuda:0`, the caching allocator's "total capacity")
 _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\b|\bCUBLAS_|\bNCCL\b|"
                             r"\bRuntimeError\b|\b(state_dict|grad_fn|requires_grad|map_location|DataLoader|torchrun|"
-                            r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|BackendCompilerFailed)\b|"
+                            r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|BackendCompilerFailed|num_workers)\b|"
+                            r"\b[Dd]efault process group\b|\bExpected tensor for argument #\d|"
                             r"\b(cuda|mps|xpu):\d|"
                             r"\bnn\.Module\b|Tried to allocate|GiB total capacity|Weights only load|"
                             r"Expected object of (backend|device type|scalar type)|<--- HERE|in replica \d+ on device|"
@@ -680,6 +697,12 @@ def file_system_or_pip(text: str) -> bool:
 _OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cutorch|luarocks|cuml|cupy|numba|"
                                r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
                                r"coremltools|tf2onnx)\b|\.lua\b|root error\(s\) found")
+
+
+def another_frameworks(text: str) -> bool:
+    """The message names another framework (CuPy, TensorFlow, ...) and nothing of PyTorch's: its out-of-memory or
+    device error reads like PyTorch's, but the chapters' advice is not for it."""
+    return bool(_OTHER_FRAMEWORKS.search(text)) and not _PYTORCH_WORDS.search(text)
 
 
 def looks_like_pytorch(text: str) -> bool:
