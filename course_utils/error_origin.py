@@ -197,6 +197,12 @@ AREAS: list[tuple[str, Area]] = [
     (r"torch/nn/modules/|torch/nn/functional\.py|ATen/native/(Convolution|ConvUtils|cudnn/Conv|Pool|"
      r"DilatedMaxPool|Adaptive|layer_norm|RNN|Linear\.cpp)",
      _AREA["layers"]),
+    # PyTorch's Python reference implementations (for torch.compile and meta tensors) repeat the C++ kernels'
+    # messages: a layer's or a loss's function there is that layer's or loss's
+    (r"torch/(_refs|_decomp|_meta_registrations|_prims)\S*:(\w+\.)*\w*(nll_loss|cross_entropy|mse_loss|_loss)\w*$",
+     _AREA["loss"]),
+    (r"torch/(_refs|_decomp|_meta_registrations|_prims)\S*:(\w+\.)*\w*(norm|conv|pool|linear|embedding)\w*$",
+     _AREA["layers"]),
     (r"ATen/native/(LossNLL|cuda/Loss|Embedding|cuda/Embedding|Indexing|cuda/Indexing|TensorAdvancedIndexing|"
      r"(cuda/)?ScatterGather|Onehot|(cpu/|cuda/)?IndexKernel)",
      _AREA["indexing"]),
@@ -345,6 +351,11 @@ def template_versions() -> tuple[str, ...]:
     return _index()[1]
 
 
+# files that repeat messages written first elsewhere: the Python reference implementations, Dynamo's models of
+# tensor methods; an equally long match in the file that wrote it first wins
+_MIRRORS = re.compile(r"torch/(_refs|_decomp|_meta_registrations|_prims|_dynamo/variables)/")
+
+
 def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> _Template | None:
     """The most specific PyTorch template the (normalised) message contains, if any. Among equally long
     matches, one from a file the traceback passes through wins, then the shortest path (the central
@@ -358,7 +369,8 @@ def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> 
                 continue
             matched = template.matched_literal(text)
             if matched:
-                rank = (matched, any(f.endswith(template.file) for f in frames), -template.file.count("/"))
+                rank = (matched, any(f.endswith(template.file) for f in frames), not _MIRRORS.match(template.file),
+                        -template.file.count("/"))
                 if best_rank is None or rank > best_rank:
                     best, best_rank = template, rank
     return best
