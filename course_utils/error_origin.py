@@ -211,6 +211,9 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["distributions"]),
     (r"CUDACachingAllocator|alloc_cpu|torch/(cuda|xpu|mps)/memory\.py",
      _AREA["memory"]),
+    # anomaly mode reports where a NaN was made: chapter 3's tool
+    (r"torch/csrc/autograd/python_anomaly_mode|torch/autograd/anomaly_mode",
+     _AREA["nan"]),
     (r"torch/autograd/|torch/csrc/autograd/|torch/utils/checkpoint|"
      r"torch/_tensor\.py:(\w+\.)*(backward|register_hook|retain_grad|__array__|numpy)$",
      _AREA["autograd"]),
@@ -413,7 +416,8 @@ def frames(text: str) -> list[tuple[str | None, str]]:
         path = (match.group("path") or match.group("path2") or match.group("path3")).replace("\\", "/")
         if _STDLIB.search(path):
             continue
-        inside = re.search(r"(?:site-packages|dist-packages|lib/python[\d.]+)/((?:torch|onnxruntime|triton)/.+)", path)
+        # an installed package, or a source checkout of PyTorch (".../pytorch/torch/cuda/__init__.py")
+        inside = re.search(r"(?:site-packages|dist-packages|lib/python[\d.]+|pytorch)/((?:torch|onnxruntime|triton)/.+)", path)
         function = match.group("function") or match.group("function2") or match.group("function3")
         found.append((inside.group(1) if inside else None, function))
     for match in _CPP_FRAME.finditer(text):
@@ -569,7 +573,7 @@ _PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object ha
 # on your system since the accelerator is not available", "your machine only has: []"): PyTorch's subject even
 # where no PyTorch word is printed
 _NO_GPU = (r"\b(CUDA|cuda|GPUs?|gpus?|[Aa]ccelerator)\b[\w ]{0,30}\b(is|are) not available\b|"
-           r"\b[Nn]o (CUDA|cuda)[\w -]{0,20}\b(GPUs?|devices?)\b|\bnot available (cuda|CUDA|GPU)|"
+           r"\b[Nn]o (CUDA|cuda|HIP|ROCm)[\w -]{0,20}\b(GPUs?|devices?)\b|\bonly be used on (CUDA|GPU)\b|\bnot available (cuda|CUDA|GPU)|"
            r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b|"
            r"\b[Nn]o supported (gpu|GPU|CUDA)\b")
 TOPICS: list[tuple[str, Area]] = [
@@ -589,7 +593,9 @@ TOPICS: list[tuple[str, Area]] = [
     (r"\bpin memory thread\b|\bcannot pin\b|\bonly dense CPU tensors can be pinned\b",
      _low("data")),
     # cuDNN's own failures: most often GPU memory running short, or an earlier kernel fault surfacing
-    (r"\bCUDNN_STATUS_\w+|\bcuDNN error\b",
+    (r"\bCUDNN_STATUS_\w+|\bcuDNN error\b|"
+     # cuBLAS failing to create its handle, in PyTorch's words: the GPU's memory is taken
+     r"\bCUBLAS_STATUS_(NOT_INITIALIZED|ALLOC_FAILED) when calling\b",
      _low("memory")),
     # the CUDA runtime's asynchronous kernel faults: most often an index out of range in an op or a custom kernel
     (r"illegal memory access|misaligned address|unspecified launch failure|illegal instruction was encountered|"
@@ -599,7 +605,8 @@ TOPICS: list[tuple[str, Area]] = [
     (r"(?<!list )(?<!tuple )(?<!string )\bindex (-?\d+ )?(is )?out of (range|bounds)\b|\b[Ii]nvalid index\b",
      _low("indexing")),
     # Apple's MPS backend lacks some operations and float64: a device choice, chapter 1
-    (r"implemented for the MPS device|MPS framework doesn't support|\bMPS: .{0,60}\bsupported\b",
+    (r"implemented for the MPS device|MPS framework doesn't support|\bMPS: .{0,60}\bsupported\b|"
+     r"\bMPS backend is (only )?(supported|available)\b",
      _low("cuda")),
     (r"\b(to|call) numpy\b|\.numpy\(\)|\b(np|numpy)\.ndarray\b|\bnumpy array\b",
      _low("numpy")),
@@ -611,8 +618,9 @@ TOPICS: list[tuple[str, Area]] = [
     # DataParallel re-raises a replica's error as "Caught X in replica 0 on device 0"
     (r"\bin replica \d+ on device\b|\bDataParallel\b",
      _low("data-parallel")),
-    (r"\b(DDP|DistributedDataParallel|gloo|c10d|world_size|rendezvous)\b|NCCL|nccl|[Pp]rocess ?[Gg]roup|"
-     r"\bcollectives?\b",
+    (r"\b(DDP\w*|DistributedDataParallel|gloo|c10d|world_size|rendezvous|SyncBN|micro_batch_per_gpu|num_processes)\b|"
+     r"NCCL|nccl|[Pp]rocess ?[Gg]roup|\bcollectives?\b|\bddp(_\w+)?\b|\bdistributed (mode|training|environment)\b|"
+     r"\b(spawn|create) (new )?processes\b|\bnumber of processes\b",
      _low("distributed")),
     (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision)\b|autocast)|\w*Half(Tensor|Type)\b",
      _low("amp")),
@@ -633,7 +641,7 @@ TOPICS: list[tuple[str, Area]] = [
      r"\btoo many dimensions '\w+'|\bcan't convert np\.ndarray of type",
      _low("dtypes")),
     # a loss compares its input with its target: their shapes must pair up
-    (r"\btarget (size [(\[]|tensor\b|batch_size\b)|\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
+    (r"\btarget (size [(\[]|tensor\b|batch_size\b)|\btargets of (size|dimension)\b|\bspatial targets\b|\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
      _low("loss")),
     (r"\b(NVIDIA driver|device ordinal|CUDA_VISIBLE_DEVICES|no CUDA GPUs|CUDA driver|compiled with CUDA|"
      r"CUDA is not available)",
@@ -652,9 +660,12 @@ TOPICS: list[tuple[str, Area]] = [
      r"SafetensorError|deserializing header|\bmeta tensors?\b|Can't get attribute '\w+' on <module|"
      r"zip archive|central directory)|PytorchStreamReader|inline_container",
      _low("serialization")),
-    (r"\b(DataLoader|[Dd]ataset|collate\w*|worker process|[Ss]ampler|num_workers)\b",
+    (r"\b(DataLoader|[Dd]ataset|collate\w*|worker process|[Ss]ampler|num_workers|\w*_dataloader)\b",
      _low("data")),
-    (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|graph leaves|inplace operation)",
+    # anomaly mode's report names the backward that made a NaN: chapter 3's, though its words are autograd's
+    (r"\bError detected in \w+Backward",
+     _low("nan")),
+    (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|[Ll]eaf variable|graph leaves|inplace operation)",
      _low("autograd")),
     (r"\b(optimizer|lr_scheduler|param_groups|learning rate)\b",
      _low("optim")),
@@ -685,7 +696,9 @@ _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\
                             r"\bnn\.Module\b|Tried to allocate|GiB total capacity|Weights only load|"
                             r"Expected object of (backend|device type|scalar type)|<--- HERE|in replica \d+ on device|"
                             r"\b(TorchDynamo|Dynamo|Inductor|ONNX|triton)\b|"
-                            r"\b(pytorch_lightning|lightning\.pytorch|lightning_fabric|deepspeed)\b|"
+                            r"\b(pytorch_lightning|lightning\.pytorch|lightning_fabric|deepspeed|DeepSpeed|Lightning|"
+                            r"LightningModule|MisconfigurationException|device_map|DDP\w*|ddp_\w+|SyncBN|"
+                            r"micro_batch_per_gpu)\b|\baccelerator\.prepare\b|"
                             r"\b(DistributedDataParallel|DataParallel|DistributedSampler|GradScaler|SyncBatchNorm|"
                             r"ScriptModule|TorchScript|safetensors\w*|SafetensorError)\b|Error while deserializing header|"
                             r"--local[-_]rank\b|\bMPS (Tensor|device|backend)\b|" + _NO_GPU)

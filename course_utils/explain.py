@@ -315,7 +315,8 @@ RULES: list[Rule] = [
           [r"PytorchStreamReader failed (reading|locating) (zip archive|file)", r"failed finding central directory",
            r"unexpected EOF\W.{0,60}?The file might be corrupted", r"storage has wrong size: expected \d+ got \d+",
            r"invalid load key, ?'(<|v|\\x[0-9a-f]{2}|\W)'", r"Unsupported operand (60|118)\b",
-           r"Ran out of input", r"invalid magic number", r"Expected hasRecord\(\"version\"\) to be true",
+           # (not in a process that spawn started: its parent died before sending what the child unpickles)
+           r"^(?![\s\S]*spawn\.py\"?, line \d+, in _main)[\s\S]*Ran out of input", r"invalid magic number", r"Expected hasRecord\(\"version\"\) to be true",
            r"A load persistent id instruction was encountered"],
           ["PytorchStreamReader failed reading zip archive: failed finding central directory",
            "UnpicklingError: invalid load key, '<'."]),
@@ -496,13 +497,16 @@ RULES: list[Rule] = [
           "move the Dataset to an importable module; guard scripts with if __name__ == '__main__':",
           2, "1. `num_workers`: let other processes prepare the next batches",
           [r"DataLoader worker (\(pid(\(s\))?[^)]*\) )?(exited unexpectedly|is killed by signal)",
-           r"Can't get attribute '[^']*' on <module '__(mp_)?main__'", r"Can't (get|pickle) local object",
+           r"Can't get attribute '[^']*' on <module '__(mp_)?main__'",
+           # Python's own words: the DataLoader's when the object or the traceback is about loading data
+           r"Can't (get|pickle) local object '[^']*(worker_init|[Dd]ataset|[Ll]oader|collate|[Tt]ransform|[Ss]ampler)",
+           r"(DataLoader|torch/utils/data/|popen_spawn|reduction\.py)[\s\S]{0,3000}?Can't (get|pickle) local object",
            r"unable to open shared memory object", r"bus error encountered in worker", r"Unexpected bus error",
            r"start a new process before the current process has finished its bootstrapping phase",
            r"insufficient shared memory \(shm\)"],
           ["DataLoader worker (pid(s) 1234) exited unexpectedly", "DataLoader worker (pid 4024) is killed by signal",
            "Can't get attribute 'MyDataset' on <module '__main__' (built-in)>",
-           "Can't pickle local object"]),
+           "Can't pickle local object 'get_dataset.<locals>.Dataset'"]),
     _rule("collate-sizes", "the DataLoader could not stack the samples of a batch into one tensor",
           ["samples of different sizes (images not resized to one size, sequences of different lengths, a "
            "variable number of boxes per image)",
