@@ -500,7 +500,7 @@ RULES: list[Rule] = [
            r"Can't get attribute '[^']*' on <module '__(mp_)?main__'",
            # Python's own words: the DataLoader's when the object or the traceback is about loading data
            r"Can't (get|pickle) local object '[^']*(worker_init|[Dd]ataset|[Ll]oader|collate|[Tt]ransform|[Ss]ampler)",
-           r"(DataLoader|torch/utils/data/|popen_spawn|reduction\.py)[\s\S]{0,3000}?Can't (get|pickle) local object",
+           r"(DataLoader|torch/utils/data/)[\s\S]{0,3000}?Can't (get|pickle) local object",
            r"unable to open shared memory object", r"bus error encountered in worker", r"Unexpected bus error",
            r"start a new process before the current process has finished its bootstrapping phase",
            r"insufficient shared memory \(shm\)"],
