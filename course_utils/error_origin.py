@@ -383,8 +383,9 @@ def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> 
 # Python's own format, the "path.py:line in function" of IPython/Jupyter and rich (Lightning) tracebacks, and
 # older IPython's and Colab's "path.py in function(arguments)" ("[/usr/lib/python3.7/pickle.py](https://...) in load")
 _PY_FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<function>\S+)|'
-                       r'(?P<path2>[^\s"│]+\.py):\d+,? in (?P<function2>[\w.<>]+)|'
-                       r'(?P<path3>[^\s"\[\]()]+\.py)(?:\]\([^)\s]*\))? in (?P<function3>[\w<>]+)\(')
+                       # (a path starts a word: tried from every character, a long run of "=" takes quadratic time)
+                       r'(?<![^\s"(\[])(?P<path2>[^\s"│]+\.py):\d+,? in (?P<function2>[\w.<>]+)|'
+                       r'(?<![^\s"(\[])(?P<path3>[^\s"\[\]()]+\.py)(?:\]\([^)\s]*\))? in (?P<function3>[\w<>]+)\(')
 _CPP_FRAME = re.compile(r"Exception raised from (\S+) at (\S+?):\d+")
 # a C++ file and line in the message itself: 1.x's "... at /pytorch/aten/src/TH/generic/THTensor.cpp:711",
 # another program's "out of memory (c:\\projects\\lc0\\src\\neural\\cuda\\network_cudnn.cc:442"
@@ -406,6 +407,10 @@ _STDLIB = re.compile(r"(^|/)[Ll]ib/(python[\d.]+/)?(multiprocessing|concurrent|i
                      r"posixpath|ntpath|genericpath|weakref|inspect|ast|runpy)\.py$)|^<frozen ")
 
 
+# an installed package, or a source checkout of PyTorch (".../pytorch/torch/cuda/__init__.py")
+_INSTALLED = re.compile(r"(?:site-packages|dist-packages|lib/python[\d.]+|pytorch)/((?:torch|onnxruntime|triton)/.+)")
+
+
 def frames(text: str) -> list[tuple[str | None, str]]:
     """(file, function) of each frame of a pasted traceback, outermost first: the file relative to the
     installed package for PyTorch, ONNX Runtime and Triton (torch.compile's kernel compiler) frames, None for
@@ -416,8 +421,7 @@ def frames(text: str) -> list[tuple[str | None, str]]:
         path = (match.group("path") or match.group("path2") or match.group("path3")).replace("\\", "/")
         if _STDLIB.search(path):
             continue
-        # an installed package, or a source checkout of PyTorch (".../pytorch/torch/cuda/__init__.py")
-        inside = re.search(r"(?:site-packages|dist-packages|lib/python[\d.]+|pytorch)/((?:torch|onnxruntime|triton)/.+)", path)
+        inside = _INSTALLED.search(path)
         function = match.group("function") or match.group("function2") or match.group("function3")
         found.append((inside.group(1) if inside else None, function))
     for match in _CPP_FRAME.finditer(text):
@@ -476,8 +480,10 @@ _PYTORCH_EXCEPTIONS = {
     "CppCompileError": "torch/_inductor/", "ConstraintViolationError": "torch/fx/experimental/symbolic_shapes.py",
     "TraceError": "torch/fx/proxy.py", "UnsupportedOperatorError": "torch/onnx/", "OnnxExporterError": "torch/onnx/",
     "SymbolicValueError": "torch/onnx/", "CheckpointException": "torch/distributed/checkpoint/",
-    "ChildFailedError": "torch/distributed/elastic/", "RendezvousConnectionError": "torch/distributed/elastic/rendezvous/",
-    "DistBackendError": "torch/distributed/", "DistNetworkError": "torch/distributed/", "DistStoreError": "torch/distributed/",
+    "ChildFailedError": "torch/distributed/elastic/",
+    "RendezvousConnectionError": "torch/distributed/elastic/rendezvous/",
+    "DistBackendError": "torch/distributed/", "DistNetworkError": "torch/distributed/",
+    "DistStoreError": "torch/distributed/",
 }
 _PYTORCH_EXCEPTION = re.compile(r"\b(" + "|".join(_PYTORCH_EXCEPTIONS) + r")\b")
 
@@ -573,7 +579,8 @@ _PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object ha
 # on your system since the accelerator is not available", "your machine only has: []"): PyTorch's subject even
 # where no PyTorch word is printed
 _NO_GPU = (r"\b(CUDA|cuda|GPUs?|gpus?|[Aa]ccelerator)\b[\w ]{0,30}\b(is|are) not available\b|"
-           r"\b[Nn]o (CUDA|cuda|HIP|ROCm)[\w -]{0,20}\b(GPUs?|devices?)\b|\bonly be used on (CUDA|GPU)\b|\bnot available (cuda|CUDA|GPU)|"
+           r"\b[Nn]o (CUDA|cuda|HIP|ROCm)[\w -]{0,20}\b(GPUs?|devices?)\b|\bonly be used on (CUDA|GPU)\b|"
+           r"\bnot available (cuda|CUDA|GPU)|"
            r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b|"
            r"\b[Nn]o supported (gpu|GPU|CUDA)\b")
 TOPICS: list[tuple[str, Area]] = [
@@ -641,7 +648,8 @@ TOPICS: list[tuple[str, Area]] = [
      r"\btoo many dimensions '\w+'|\bcan't convert np\.ndarray of type",
      _low("dtypes")),
     # a loss compares its input with its target: their shapes must pair up
-    (r"\btarget (size [(\[]|tensor\b|batch_size\b)|\btargets of (size|dimension)\b|\bspatial targets\b|\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
+    (r"\btarget (size [(\[]|tensor\b|batch_size\b)|\btargets of (size|dimension)\b|\bspatial targets\b|"
+     r"\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
      _low("loss")),
     (r"\b(NVIDIA driver|device ordinal|CUDA_VISIBLE_DEVICES|no CUDA GPUs|CUDA driver|compiled with CUDA|"
      r"CUDA is not available)",
@@ -665,7 +673,8 @@ TOPICS: list[tuple[str, Area]] = [
     # anomaly mode's report names the backward that made a NaN: chapter 3's, though its words are autograd's
     (r"\bError detected in \w+Backward",
      _low("nan")),
-    (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|[Ll]eaf variable|graph leaves|inplace operation)",
+    (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|[Ll]eaf variable|graph leaves|"
+     r"inplace operation)",
      _low("autograd")),
     (r"\b(optimizer|lr_scheduler|param_groups|learning rate)\b",
      _low("optim")),
@@ -690,7 +699,8 @@ def error_text(text: str) -> str:
 # other frameworks do not use (a `state_dict`, a `grad_fn`, `cuda:0`, the caching allocator's "total capacity")
 _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\b|\bCUBLAS_|\bNCCL\b|"
                             r"\bRuntimeError\b|\b(state_dict|grad_fn|requires_grad|map_location|DataLoader|torchrun|"
-                            r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|BackendCompilerFailed|num_workers)\b|"
+                            r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|"
+                            r"BackendCompilerFailed|num_workers)\b|"
                             r"\b[Dd]efault process group\b|\bExpected tensor for argument #\d|"
                             r"\b(cuda|mps|xpu):\d|"
                             r"\bnn\.Module\b|Tried to allocate|GiB total capacity|Weights only load|"

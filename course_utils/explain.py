@@ -316,7 +316,8 @@ RULES: list[Rule] = [
            r"unexpected EOF\W.{0,60}?The file might be corrupted", r"storage has wrong size: expected \d+ got \d+",
            r"invalid load key, ?'(<|v|\\x[0-9a-f]{2}|\W)'", r"Unsupported operand (60|118)\b",
            # (not in a process that spawn started: its parent died before sending what the child unpickles)
-           r"^(?![\s\S]*spawn\.py\"?, line \d+, in _main)[\s\S]*Ran out of input", r"invalid magic number", r"Expected hasRecord\(\"version\"\) to be true",
+           r"^(?![\s\S]*spawn\.py\"?, line \d+, in _main)[\s\S]*Ran out of input",
+           r"invalid magic number", r"Expected hasRecord\(\"version\"\) to be true",
            r"A load persistent id instruction was encountered"],
           ["PytorchStreamReader failed reading zip archive: failed finding central directory",
            "UnpicklingError: invalid load key, '<'."]),
@@ -736,9 +737,9 @@ def _message(error: BaseException | str) -> str:
     """The text the rules read: a pasted message as it is; an exception as its traceback's frame lines (without
     their code, whose words are the user's) and its last line, as a paste of it would read."""
     if isinstance(error, BaseException):
-        frames = "".join(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n'
-                         for frame in traceback.extract_tb(error.__traceback__))
-        return f"{frames}{type(error).__name__}: {error}"
+        frame_lines = "".join(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n'
+                              for frame in traceback.extract_tb(error.__traceback__))
+        return f"{frame_lines}{type(error).__name__}: {error}"
     if isinstance(error, str):
         return error
     raise TypeError(f"explain takes an exception or a message, got {type(error).__name__}")
