@@ -63,7 +63,8 @@ class Explanation(ReadableResult):
     chapter's notebook).
 
     A curated explanation (`confidence == "curated"`) gives the causes in the order to check them and the
-    fix, and its chapter reproduces the error (`reproduced`; False when only a GPU can raise it). A
+    fix, and its chapter reproduces the error (`reproduced`; False when only a GPU can raise it, or the chapter
+    teaches the fix without raising that error). A
     *placement* (`confidence` "placed" or "low") is what is known of a PyTorch message no rule covers:
     `origin` says where in PyTorch it was raised, `causes` and `fix` are empty, and the chapter is the
     one that teaches that part of PyTorch; "low" when that part is broad (any layer, any tensor op)."""
@@ -105,7 +106,8 @@ class Explanation(ReadableResult):
         where = f"chapter {self.chapter} ({self.notebook}), section \"{self.section}\""
         if self.confidence == "curated":
             lines = [("Likely causes, in the order to check them", ""), ("Fix", self.fix)]
-            lines.append(("Reproduced in" if self.reproduced else "Taught in (it needs a GPU to reproduce)", where))
+            lines.append(("Reproduced in" if self.reproduced else "Taught in (the notebook does not raise this error)",
+                          where))
             return lines
         lines = [("Where it was raised", self.origin),
                  ("No curated fix", "no rule of this course knows this message; the chapter below teaches the "
@@ -348,7 +350,9 @@ RULES: list[Rule] = [
           "save model.state_dict() (tensors only); rebuild the model from code when loading",
           4, "1. `torch.save(model)` versus `torch.save(model.state_dict())`",
           [r"(torch\.save\(|serialization\.py\"?, line \d+, in _?save\b)[\s\S]{0,3000}?\b(can't|cannot) pickle"],
-          ["torch.save(model, path) ... Can't pickle local object 'Net.__init__.<locals>.<lambda>'"]),
+          # chapter 4 teaches saving the state_dict; this failure itself is raised only by the tests
+          ["torch.save(model, path) ... Can't pickle local object 'Net.__init__.<locals>.<lambda>'"],
+          reproduced=False),
     _rule("cuda-checkpoint-on-cpu", "a GPU checkpoint loaded where its GPU does not exist",
           ["the checkpoint was saved from CUDA tensors and torch.load has no map_location",
            "it was saved on cuda:N and this machine has fewer GPUs (or none visible)",
