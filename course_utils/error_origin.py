@@ -134,6 +134,9 @@ def _low(id: str) -> Area:
     return replace(_AREA[id], confident=False)
 
 
+# PyTorch's Python reference implementations of its operators (for torch.compile and meta tensors)
+_REFERENCES = r"torch/(_refs|_decomp|_meta_registrations|_prims)"
+
 # (source path pattern, area), first match wins. Paths are as in the wheel ("torch/optim/sgd.py") or the
 # source tree ("torch/csrc/distributed/c10d/reducer.cpp", "ATen/native/Convolution.cpp").
 AREAS: list[tuple[str, Area]] = [
@@ -199,9 +202,9 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["layers"]),
     # PyTorch's Python reference implementations (for torch.compile and meta tensors) repeat the C++ kernels'
     # messages: a layer's or a loss's function there is that layer's or loss's
-    (r"torch/(_refs|_decomp|_meta_registrations|_prims)\S*:(\w+\.)*\w*(nll_loss|cross_entropy|mse_loss|_loss)\w*$",
+    (_REFERENCES + r"\S*:(\w+\.)*\w*(nll_loss|cross_entropy|mse_loss|_loss)\w*$",
      _AREA["loss"]),
-    (r"torch/(_refs|_decomp|_meta_registrations|_prims)\S*:(\w+\.)*\w*(norm|conv|pool|linear|embedding)\w*$",
+    (_REFERENCES + r"\S*:(\w+\.)*\w*(norm|conv|pool|linear|embedding)\w*$",
      _AREA["layers"]),
     (r"ATen/native/(LossNLL|cuda/Loss|Embedding|cuda/Embedding|Indexing|cuda/Indexing|TensorAdvancedIndexing|"
      r"(cuda/)?ScatterGather|Onehot|(cpu/|cuda/)?IndexKernel)",
@@ -356,7 +359,7 @@ def template_versions() -> tuple[str, ...]:
 
 # files that repeat messages written first elsewhere: the Python reference implementations, Dynamo's models of
 # tensor methods; an equally long match in the file that wrote it first wins
-_MIRRORS = re.compile(r"torch/(_refs|_decomp|_meta_registrations|_prims|_dynamo/variables)/")
+_MIRRORS = re.compile(_REFERENCES + r"/|torch/_dynamo/variables/")
 
 
 def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> _Template | None:
