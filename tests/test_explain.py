@@ -650,8 +650,8 @@ def test_corpus_is_well_formed_with_sources():
 
 
 # `tuning-6` to `tuning-9` were collected for breadth (one message per error sentence, kinds nobody had written a
-# rule for): the long tail. It is scored and printed with the rest, held to a floor that catches a broken placement layer, not to
-# the target of the kinds the rules were written for.
+# rule for): the long tail. It is scored and printed with the rest, held to a floor that catches a broken placement
+# layer, not to the target of the kinds the rules were written for.
 LONG_TAIL = {"tuning-6", "tuning-7", "tuning-8", "tuning-9"}
 LONG_TAIL_RECALL_FLOOR, LONG_TAIL_FALSE_POSITIVE_LIMIT = 0.70, 0.20
 
