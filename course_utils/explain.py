@@ -195,7 +195,8 @@ RULES: list[Rule] = [
            r"no kernel image is available for execution on the device", r"hipErrorNoBinaryForGpu"],
           ["The NVIDIA driver on your system is too old", "Found no NVIDIA driver on your system",
            "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version",
-           "AssertionError: Torch not compiled with CUDA enabled"]),
+           "AssertionError: Torch not compiled with CUDA enabled"],
+          reproduced=False),                 # chapter 1 picks a device that works; it raises none of these
     _rule("invalid-device-ordinal", "a GPU number that this machine (or this process) does not have",
           ["cuda:N or set_device(N) with N >= torch.cuda.device_count(): a hard-coded cuda:1 on a one-GPU machine",
            "CUDA_VISIBLE_DEVICES hides GPUs, so the process sees them renumbered from 0",
@@ -216,7 +217,8 @@ RULES: list[Rule] = [
           [r"device-side assert triggered", r"Assertion .?\w*t >= 0 && \w*t < n_classes.? failed",
            r"Target -?\d+ is out of bounds", r"index out of range in self"],
           ["CUDA error: device-side assert triggered", "Assertion t >= 0 && t < n_classes failed",
-           "Target 5 is out of bounds"]),
+           "Target 5 is out of bounds"],
+          reproduced=False),                 # chapter 3 finds the bad values before the kernel sees them
     _rule("device-mismatch", "device mismatch",
           ["the model was moved with .to(device) but the batch was not (or the reverse)",
            "the targets, a mask or another extra input was left on the CPU",
@@ -340,7 +342,8 @@ RULES: list[Rule] = [
           4, "1. `torch.save(model)` versus `torch.save(model.state_dict())`",
           [r"(torch\.load|serialization\.py|unpickler\.load).{0,800}?Can't get attribute '[^']*' on <module",
            r"Can't get attribute '[^']*' on <module '__main__' from '",
-           r"Can't get attribute '[^']*' on <module '__main__'$",
+           # a notebook's __main__ has no file ("<module '__main__'>"); a spawned worker's is "(built-in)"
+           r"Can't get attribute '[^']*' on <module '__main__'(>|$)",
            r"(torch\.load|serialization\.py|find_class).{0,800}?ModuleNotFoundError: No module named"],
           ["Can't get attribute 'Net' on <module '__main__' from 'train.py'>"]),
     _rule("model-not-picklable", "torch.save(model) cannot pickle something the model holds",
@@ -349,10 +352,12 @@ RULES: list[Rule] = [
            "a wrapper (a logger, a data pipeline, a tokenizer) kept as an attribute of the model"],
           "save model.state_dict() (tensors only); rebuild the model from code when loading",
           4, "1. `torch.save(model)` versus `torch.save(model.state_dict())`",
-          [r"(torch\.save\(|serialization\.py\"?, line \d+, in _?save\b)[\s\S]{0,3000}?\b(can't|cannot) pickle"],
-          # chapter 4 teaches saving the state_dict; this failure itself is raised only by the tests
-          ["torch.save(model, path) ... Can't pickle local object 'Net.__init__.<locals>.<lambda>'"],
-          reproduced=False),
+          [r"(torch\.save\(|serialization\.py\"?, line \d+, in _?save\b)[\s\S]{0,3000}?\b(can't|cannot) pickle",
+           # Python's own words, naming a lambda or function made in a layer's or model's __init__: an
+           # attribute of a module, which only pickling the whole model (torch.save(model)) must carry
+           r"Can't (get|pickle) local object '\w*(Block|Net|Model|Layer|Module|Encoder|Decoder|Head|Attention|"
+           r"Transformer|Conv)\w*\.__init__\.<locals>"],
+          ["torch.save(model, path) ... Can't pickle local object 'Net.__init__.<locals>.<lambda>'"]),
     _rule("cuda-checkpoint-on-cpu", "a GPU checkpoint loaded where its GPU does not exist",
           ["the checkpoint was saved from CUDA tensors and torch.load has no map_location",
            "it was saved on cuda:N and this machine has fewer GPUs (or none visible)",
@@ -369,7 +374,7 @@ RULES: list[Rule] = [
           "build the model first, then model.load_state_dict(torch.load(path, weights_only=True)); keep the "
           "returned dict apart from the model in your names",
           4, "1. `torch.save(model)` versus `torch.save(model.state_dict())`",
-          [r"'(collections\.)?OrderedDict' object has no attribute '\w+'",
+          [r"'(collections\.)?OrderedDict' object (has no attribute '\w+'|is not callable)",
            r"'dict' object has no attribute '(eval|train|to|cuda|cpu|parameters|state_dict|forward|load_state_dict)'",
            r"Expected state_dict to be dict-like, got"],
           ["'collections.OrderedDict' object has no attribute 'eval'"]),
@@ -506,6 +511,8 @@ RULES: list[Rule] = [
            # Python's own words: the DataLoader's when the object or the traceback is about loading data
            r"Can't (get|pickle) local object '[^']*(worker_init|[Dd]ataset|[Ll]oader|collate|[Tt]ransform|[Ss]ampler)",
            r"(DataLoader|torch/utils/data/)[\s\S]{0,3000}?Can't (get|pickle) local object",
+           # h5py's own words: an open HDF5 file in a Dataset, which spawn must pickle for each worker
+           r"h5py objects cannot be pickled",
            r"unable to open shared memory object", r"bus error encountered in worker", r"Unexpected bus error",
            r"start a new process before the current process has finished its bootstrapping phase",
            r"insufficient shared memory \(shm\)"],
@@ -552,8 +559,9 @@ RULES: list[Rule] = [
           "create tensors that training uses outside inference_mode (torch.no_grad() for evaluation that feeds "
           "training), or .clone() the inference tensor outside inference_mode",
           2, "8. Evaluation: `model.eval()` *and* `inference_mode`",
-          [r"Inference tensors cannot be saved for backward", r"Inplace update to inference tensor outside "
-           r"InferenceMode"],
+          # PyTorch's every message about an inference tensor (saved for backward, updated in place, its
+          # version counter): a tensor made under inference_mode reached code that needs autograd's bookkeeping
+          [r"\b[Ii]nference tensors?\b(?! ?RT)"],
           ["Inference tensors cannot be saved for backward"]),
     _rule("onnx-input-shape", "ONNX Runtime rejected the input shape",
           ["the model was exported with fixed sizes, so only the example's batch size (or image size) works"],
@@ -599,7 +607,8 @@ RULES: list[Rule] = [
           [r"hit config\.(cache_size_limit|recompile_limit)", r"(cache_size_limit|recompile_limit) reached",
            r"hit recompilation cache limit",
            r"FailOnRecompileLimitHit"],
-          ["torch._dynamo hit config.recompile_limit (8)", "cache_size_limit reached"]),
+          ["torch._dynamo hit config.recompile_limit (8)", "cache_size_limit reached"],
+          reproduced=False),                 # chapter 6 shows each recompilation, not the limit
     _rule("compile-no-compiler", "torch.compile could not build its kernels",
           ["no working C/C++ compiler (or Python headers) for the CPU backend",
            "Triton missing or unusable for the GPU backend"],
@@ -609,7 +618,8 @@ RULES: list[Rule] = [
           [r"InvalidCxxCompiler", r"No working C\+\+ compiler", r"CppCompileError", r"C\+\+ compile error",
            r"Failed to find C compiler", r"Cannot find a working triton installation"],
           ["InvalidCxxCompiler: No working C++ compiler found", "CppCompileError: C++ compile error",
-           "RuntimeError: Failed to find C compiler"]),
+           "RuntimeError: Failed to find C compiler"],
+          reproduced=False),                 # chapter 6 falls back (try_compile) where no compiler works
     _rule("compile-graph-break", "torch.compile hit code it cannot trace (a graph break)",
           ["a Python builtin, print, a C extension or .item() in forward that Dynamo cannot put in the graph",
            "with fullgraph=True any graph break is an error; without it the model runs in pieces, slower"],

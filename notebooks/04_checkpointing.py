@@ -32,7 +32,7 @@
 # section 6 and the writers killed in section 9. On a CUDA GPU the training runs on the GPU and section 7
 # saves a real CUDA checkpoint.
 #
-# **Run All:** 19 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 18 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -41,6 +41,7 @@ import os
 import pickle
 import re
 import tempfile
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from course_utils import (CheckpointError, check_checkpoint_dict, check_epoch_batches_from, check_load_matching,
-                          check_resume, check_resume_training, evaluate, exercise, expect_error, get_device,
+                          check_resume, check_resume_training, evaluate, exercise, expect_error, explain, get_device,
                           hardware_summary, load_checkpoint, load_matching_state_dict, mlp, progress,
                           save_checkpoint, saved_as_if_on, seed_everything, train_step)
 from course_utils.interrupted_save import big_model, kill_while_saving
@@ -140,6 +141,47 @@ print("keys:", list(checkpoint))
 model = NetV2()
 model.load_state_dict(checkpoint["model"])
 assert torch.equal(model.eval()(x), net(x))
+
+# %% [markdown]
+# `torch.save(model)` must also pickle everything the model *holds*, not only its tensors. A lambda (or a local
+# function, an open file, a lock) kept as an attribute cannot be pickled, so the whole-model save fails where the
+# state_dict, tensors only, saves as always:
+
+# %%
+class ScaledTanh(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.activation = lambda t: 2 * torch.tanh(t)       # a lambda kept as an attribute
+
+    def forward(self, x):
+        return self.activation(self.linear(x))
+
+scaled = ScaledTanh()
+save_error = None
+try:
+    torch.save(scaled, artifacts / "scaled_whole.pt")
+except (AttributeError, pickle.PicklingError) as error:   # Python 3.14 raises PicklingError
+    save_error = error
+print("".join(traceback.format_exception(save_error, limit=-2)))     # its last frames: inside torch.save
+assert save_error is not None and "pickle" in str(save_error)
+
+# which attribute? pickle each one the model holds, the way torch.save would
+unpicklable = []
+for name, value in vars(scaled).items():
+    try:
+        pickle.dumps(value)
+    except (AttributeError, pickle.PicklingError, TypeError):
+        unpicklable.append(name)
+print("attributes pickle cannot write:", unpicklable)
+assert unpicklable == ["activation"]
+
+torch.save(scaled.state_dict(), artifacts / "scaled_state_dict.pt")   # the fix: tensors only
+copy_of_scaled = ScaledTanh()                                          # the lambda comes back from the code
+copy_of_scaled.load_state_dict(torch.load(artifacts / "scaled_state_dict.pt", weights_only=True))
+assert torch.equal(copy_of_scaled(x), scaled(x))
+print("explain():", explain(save_error).id)                # the same diagnosis, from the traceback's torch.save
+assert explain(save_error).id == "model-not-picklable"
 
 # %% [markdown]
 # **Why `weights_only=False` on someone else's file is a security hole:** unpickling can call any function.
@@ -1020,6 +1062,7 @@ check_epoch_batches_from(epoch_batches_from)
 # |---|---|---|
 # | `UnpicklingError: Weights only load failed ... GLOBAL __main__.Net` | a pickled whole model or custom object: save `state_dict()` | 1 |
 # | `AttributeError: Can't get attribute 'Net'` | a whole-model file after the class moved | 1 |
+# | `torch.save(model)`: `AttributeError: Can't pickle local object 'ScaledTanh.__init__.<locals>.<lambda>'` | the model holds a lambda (or a file, a lock): save `state_dict()` | 1 |
 # | `AttributeError: 'collections.OrderedDict' object has no attribute 'eval'` (or `'dict' object ...`) | `torch.load` returned a state dict (or a checkpoint dict): build the model and `load_state_dict` | 1 |
 # | `UnpicklingError: ... Unsupported global: GLOBAL numpy._core.multiarray.scalar` | a NumPy number (`np.mean`, a metric) saved in the checkpoint: store `float(x)` | 4 |
 # | `TypeError: checkpoint meta 'val_loss' is a numpy.float64` | `save_checkpoint` refusing that number before writing: pass `float(x)` | 4 |

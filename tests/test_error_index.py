@@ -45,9 +45,10 @@ def test_cpp_templates_are_strings_of_the_installed_libraries():
     index = build_error_index.library_index(Path(torch.__file__).parent)
     cpp = [e for e in stored_index()["templates"] if not e["file"].endswith(".py")]
     assert len(cpp) > 500
-    missing = [e["t"] for e in cpp if not build_error_index.in_library(e["t"], index)]
+    missing = [e["t"] for e in cpp if not build_error_index.in_library(e, index)]
     assert not missing, f"{len(missing)} C++ templates not in this torch's libraries, e.g. {missing[:3]}"
-    assert not build_error_index.in_library(f"No such message {HOLE} was ever written by PyTorch", index)
+    assert not build_error_index.in_library({"t": f"No such message {HOLE} was ever written by PyTorch"}, index)
+    assert not build_error_index.in_library({"t": "x", "pieces": ["No such message", "was ever written"]}, index)
 
 
 def test_the_generator_reads_python_and_cpp_messages(tmp_path):
@@ -70,10 +71,25 @@ def test_the_generator_reads_python_and_cpp_messages(tmp_path):
     assert found == {f"Expected 4D input, but got input of size: {HOLE} instead", f"rank {HOLE} failed after {HOLE} ms"}
 
 
+def test_a_source_tree_gives_the_messages_of_its_cpp_files_but_not_of_its_tests(tmp_path):
+    tree = tmp_path / "pytorch-v2.6.0"
+    (tree / "aten/src/ATen/native/mps").mkdir(parents=True)
+    (tree / "aten/src/ATen/test").mkdir(parents=True)
+    (tree / "third_party/fmt").mkdir(parents=True)
+    (tree / "aten/src/ATen/native/mps/Alloc.mm").write_text('TORCH_CHECK(ok, "Invalid buffer size: ", size);\n')
+    (tree / "aten/src/ATen/test/basic.cpp").write_text('TORCH_CHECK(ok, "a test of the check macro itself");\n')
+    (tree / "third_party/fmt/format.cc").write_text('throw std::runtime_error("a vendored library says this");\n')
+    assert [p.relative_to(tree).as_posix() for p in build_error_index.tree_files(tree)] == \
+        ["aten/src/ATen/native/mps/Alloc.mm"]
+    templates, _ = build_error_index.header_and_source_templates(tmp_path / "no-wheel", None, tree)
+    assert {(e["t"], e["file"]) for e in templates} == {(f"Invalid buffer size: {HOLE}", "ATen/native/mps/Alloc.mm")}
+
+
 def test_the_index_says_which_torch_it_came_from():
     assert VERSION in template_versions() and set(template_versions()) <= {"2.13.0", "2.14.1"}
     index = stored_index()
     assert index["torch"] == VERSION and "pytorch/pytorch files (path: commit)" in index["cpp_source"]
+    assert "PyTorch 2.6.0 release tree" in index["cpp_source"]["source tree"]
 
 
 def test_a_template_matches_with_new_values_in_its_holes():
@@ -224,17 +240,21 @@ def test_a_library_string_is_placed_in_the_file_that_precedes_it(tmp_path):
                      "failed finding central directory": "third_party/miniz-3.0.2/miniz.c"}
 
 
+def one_dimensional_nll_loss():
+    # a check of LossNLL.cpp newer than the 2.6.0 sources the index reads: this wheel's message is a string of
+    # the library, placed by the layout
+    return raised(lambda: torch.nn.functional.nll_loss(torch.ones(3).log_softmax(0), torch.tensor([0, 1])))
+
+
 def test_a_cpp_message_without_source_is_placed_by_the_library_layout():
-    error = raised(lambda: torch.ones(3).index_select(0, torch.tensor([1.0])))   # TensorAdvancedIndexing.cpp
-    got = explain(error)
-    assert "TensorAdvancedIndexing.cpp (the file is inferred from the library's layout)" in got.origin
-    # an index of the wrong dtype: the layout says indexing (chapter 3), its words say dtypes, which chapter 1 fixes
-    assert got.chapter == 1 and got.confidence == "low" and "its words are about dtypes" in got.origin, got
+    got = explain(one_dimensional_nll_loss())
+    assert "LossNLL.cpp (the file is inferred from the library's layout)" in got.origin
+    assert got.chapter == 3 and got.confidence == "low", got      # the class-label losses' file: chapter 3
 
 
 def test_a_long_library_string_is_pytorchs_without_a_pytorch_word():
     # the bare message, as pasted without its "RuntimeError:" label: 40+ characters of PyTorch's own string
-    message = str(raised(lambda: torch.ones(3).index_select(0, torch.tensor([1.0]))))
+    message = str(one_dimensional_nll_loss())
     assert not error_origin.looks_like_pytorch(message)
     found = origin(message)
     assert found is not None and found.found_by == "library" and found.area.chapter == 3

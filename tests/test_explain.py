@@ -532,6 +532,27 @@ def test_every_explanation_has_a_unique_id_a_real_section_and_a_link():
         assert explanation_by_id(e.id) is e
 
 
+def stored_outputs(chapter: int) -> list[str]:
+    """The text of every output a chapter's notebook stored on its last run (`./course outputs`)."""
+    (path,) = (Path(__file__).parent.parent / "notebooks").glob(f"0{chapter}_*.ipynb")
+    texts = []
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            text = output.get("text") or output.get("data", {}).get("text/plain", "")
+            texts.append("".join(text) if isinstance(text, list) else text)
+    return texts
+
+
+@pytest.mark.parametrize("rule", [rule for rule in RULES if rule.explanation.reproduced],
+                         ids=lambda rule: rule.explanation.id)
+def test_a_rule_that_says_reproduced_in_is_raised_by_its_chapters_stored_run(rule):
+    # "Reproduced in chapter N" is a claim about the notebook: its stored run must show the error the rule
+    # matches; a rule whose chapter teaches the fix without raising the error says "Taught in" instead
+    outputs = stored_outputs(rule.explanation.chapter)
+    assert any(rule.matches(normalise(text)) for text in outputs), \
+        f"{rule.explanation.id}: no stored output of chapter {rule.explanation.chapter} shows its error"
+
+
 def test_heading_anchor_follows_jupyterlab():
     # JupyterLab: rendered heading text, spaces -> '-'; inline code keeps its text, markup is dropped
     assert heading_anchor("1. `num_workers`: let other processes prepare the next batches") == \

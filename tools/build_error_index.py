@@ -8,8 +8,10 @@ Every message PyTorch raises is written once in its sources, with holes for the 
   module-level name is followed there). f-string fields, `%`
   placeholders, `.format` fields and any non-literal part become holes.
 * C++: every `TORCH_CHECK*`/`AT_ERROR`/`C10_THROW_ERROR`/`throw std::...error(...)` message in the C++
-  headers the wheel ships (`torch/include`) and, with `--cpp-source DIR`, in PyTorch source files
-  copied from pytorch/pytorch (their commits listed in DIR/MANIFEST.tsv). A C++ template is kept only
+  headers the wheel ships (`torch/include`); with `--cpp-tree DIR`, in every C++ file of a PyTorch source
+  tree (ATen, c10, torch/csrc, caffe2/serialize; Debian's source package of a release holds one); with
+  `--cpp-source DIR`, in PyTorch source files copied from pytorch/pytorch (their commits listed in
+  DIR/MANIFEST.tsv). A C++ template is kept only
   when each of its literal pieces is a string in the installed wheel's shared libraries, so the index
   holds what this torch build can raise, not what another commit once said.
 * The rest of the C++ messages, whose sources are not at hand: each string of the shared libraries that
@@ -18,8 +20,12 @@ Every message PyTorch raises is written once in its sources, with holes for the 
 
 Writes `course_utils/data/error_templates-<torch version>.json.gz`. Run it once per pinned torch:
 
-    .venv/bin/python tools/build_error_index.py --cpp-source /path/to/sources
-    .venv-torch2.14.1/bin/python tools/build_error_index.py --cpp-source /path/to/sources
+    .venv/bin/python tools/build_error_index.py --cpp-tree /path/to/pytorch-v2.6.0 --tree-origin "..."
+    .venv-torch2.14.1/bin/python tools/build_error_index.py --cpp-tree /path/to/pytorch-v2.6.0 --tree-origin "..."
+
+(the stored indexes: the tree of http://deb.debian.org/debian/pool/main/p/pytorch/pytorch_2.6.0+dfsg.orig.tar.xz,
+whose sha256 each index records; its builds take 10 GB or more of memory for the libraries' strings: run one
+at a time)
 
 or, after a change to how Python messages are read, `--refresh-python` (keeps the stored C++ side).
 
@@ -207,8 +213,10 @@ def _cpp_arguments(text: str, start: int) -> tuple[list[str], int]:
             current.append(text[i:end])
             i = end
             continue
-        if ch == "'" :
+        if ch == "'":
             end = text.find("'", i + 2 if text[i + 1] == "\\" else i + 1)
+            if end < 0:                               # an apostrophe in prose: not a character literal
+                raise ValueError("unbalanced quote")
             current.append(text[i:end + 1])
             i = end + 1
             continue
@@ -266,8 +274,11 @@ def _cpp_pieces(argument: str) -> list[str]:
     return [HOLE]
 
 
+_FORMAT_FIELD = re.compile(r"\{(:[^{}]*)?\}|%(ll|l|z)?[sdiuf]\b")
+
+
 def cpp_templates(path: Path, relative: str) -> list[dict]:
-    text = re.sub(r"//[^\n]*", "", path.read_text(encoding="utf-8", errors="replace"))
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", path.read_text(encoding="utf-8", errors="replace"), flags=re.DOTALL)
     out = []
     for match in _CPP_CALL.finditer(text):
         name = match.group(1)
@@ -281,9 +292,15 @@ def cpp_templates(path: Path, relative: str) -> list[dict]:
         message = args[skip:]
         if name == "TORCH_INTERNAL_ASSERT" or not message:
             continue
-        template = _join([piece for arg in message for piece in _cpp_pieces(arg)])
+        pieces = [piece for arg in message for piece in _cpp_pieces(arg)]
+        # a literal formatted later (`throw TypeError("{}(): argument '{}' ...", name, ...)`, printf's "%s"):
+        # its placeholders are holes too
+        template = _join([_FORMAT_FIELD.sub(HOLE, piece) for piece in pieces])
         if literal_length(template) >= MIN_LITERAL:
-            out.append({"t": template, "file": relative, "function": "", "error": name.split("::")[-1]})
+            # each literal argument apart: the library holds "…equal to 0 " and "but received {" as two strings
+            literals = [squeeze(piece).strip() for piece in pieces if piece != HOLE]
+            out.append({"t": template, "file": relative, "function": "", "error": name.split("::")[-1],
+                        "pieces": [piece for piece in literals if len(piece) >= 6]})
     return out
 
 
@@ -337,7 +354,8 @@ def layout_templates(package: Path) -> list[dict]:
                 continue
             text = squeeze(text).strip()
             if mark_offset is not None and offset - mark_offset <= LAYOUT_REACH and _message_like(text):
-                out.append({"t": text, "file": mark_file, "function": "", "error": "library string"})
+                out.append({"t": _join([_FORMAT_FIELD.sub(HOLE, text)]), "file": mark_file, "function": "",
+                            "error": "library string"})
     return out
 
 
@@ -348,18 +366,37 @@ def library_index(package: Path) -> tuple[set[str], str]:
     return strings, " ".join(strings)
 
 
-def in_library(template: str, index: tuple[set[str], str]) -> bool:
-    """Every literal piece of 6+ characters of the template occurs in the libraries' strings."""
+def in_library(entry: dict, index: tuple[set[str], str]) -> bool:
+    """Every literal piece of 6+ characters of a C++ template (each literal argument of its check, as the
+    compiler stores it) occurs in the libraries' strings."""
     strings, text = index
-    pieces = [p.strip() for p in template.split(HOLE) if len(p.strip()) >= 6]
+    pieces = entry.get("pieces") or [p.strip() for p in entry["t"].split(HOLE) if len(p.strip()) >= 6]
     return bool(pieces) and all(piece in strings or piece in text for piece in pieces)
 
 
-def header_and_source_templates(package: Path, cpp_source: Path | None) -> tuple[list[dict], dict]:
+# The parts of a PyTorch source tree whose C++ messages a user meets (tests and vendored libraries left out).
+TREE_PARTS = ("aten/src/ATen", "c10", "torch/csrc", "caffe2/serialize")
+TREE_SUFFIXES = {".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp", ".mm"}
+
+
+def tree_files(tree: Path) -> list[Path]:
+    """The C++ (and Objective-C++: MPS) files of a PyTorch source tree that raise users' errors."""
+    return sorted(path for part in TREE_PARTS for path in (tree / part).rglob("*")
+                  if path.suffix in TREE_SUFFIXES and "test" not in path.relative_to(tree).parts)
+
+
+def header_and_source_templates(package: Path, cpp_source: Path | None,
+                                cpp_tree: Path | None = None) -> tuple[list[dict], dict]:
     out = []
     for header in sorted((package / "include").rglob("*.h")):
         out += cpp_templates(header, header.relative_to(package / "include").as_posix())
     manifest = {}
+    if cpp_tree is not None:
+        # a whole release's sources (pytorch/pytorch is too large to fetch here; Debian's source package of
+        # PyTorch holds the same tree): older than the pinned wheels, so `build` keeps only the templates
+        # whose every piece this wheel's libraries still hold
+        for path in tree_files(cpp_tree):
+            out += cpp_templates(path, path.relative_to(cpp_tree).as_posix().removeprefix("aten/src/"))
     if cpp_source is not None:
         for line in (cpp_source / "MANIFEST.tsv").read_text().splitlines():
             if not line.strip():
@@ -370,13 +407,13 @@ def header_and_source_templates(package: Path, cpp_source: Path | None) -> tuple
     return out, manifest
 
 
-def build(cpp_source: Path | None) -> dict:
+def build(cpp_source: Path | None, cpp_tree: Path | None = None, tree_origin: str = "") -> dict:
     import torch
     package = Path(torch.__file__).parent
     python = python_templates(package)
-    cpp, manifest = header_and_source_templates(package, cpp_source)
+    cpp, manifest = header_and_source_templates(package, cpp_source, cpp_tree)
     index = library_index(package)
-    cpp_kept = [entry for entry in cpp if in_library(entry["t"], index)]
+    cpp_kept = [entry for entry in cpp if in_library(entry, index)]
     known = " ".join(e["t"] for e in cpp_kept)
     layout = {e["t"]: e for e in layout_templates(package) if e["t"] not in known}     # first place wins
     templates = sorted({json.dumps(e, sort_keys=True) for e in python + cpp_kept + list(layout.values())})
@@ -384,6 +421,8 @@ def build(cpp_source: Path | None) -> dict:
             "python_source": f"torch {torch.__version__} wheel, {package.name}/**/*.py",
             "cpp_source": {"headers": f"torch {torch.__version__} wheel, torch/include",
                            "pytorch/pytorch files (path: commit)": manifest,
+                           "source tree": (f"{tree_origin or cpp_tree.name}: {', '.join(TREE_PARTS)}"
+                                           if cpp_tree is not None else None),
                            "kept": f"{len(cpp_kept)} of {len(cpp)} C++ templates found in this wheel's libraries",
                            "library strings": f"{len(layout)} message pieces of the libraries, file inferred from "
                                               f"their layout (error: 'library string')"},
@@ -407,6 +446,8 @@ def refresh_python(stored: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpp-source", type=Path, help="folder of pytorch/pytorch files with a MANIFEST.tsv")
+    parser.add_argument("--cpp-tree", type=Path, help="a whole PyTorch source tree (e.g. Debian's orig tarball)")
+    parser.add_argument("--tree-origin", default="", help="where the tree came from, recorded in the index")
     parser.add_argument("--refresh-python", action="store_true",
                         help="rebuild only the Python side of the stored index of the installed torch")
     args = parser.parse_args(argv)
@@ -415,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         with gzip.open(index_path(torch.__version__.split("+")[0]), "rt", encoding="utf-8") as file:
             index = refresh_python(json.load(file))
     else:
-        index = build(args.cpp_source)
+        index = build(args.cpp_source, args.cpp_tree, args.tree_origin)
     DATA.mkdir(exist_ok=True)
     path = index_path(index["torch"])
     with gzip.open(path, "wt", encoding="utf-8") as file:
