@@ -32,7 +32,7 @@
 # section 6 and the writers killed in section 9. On a CUDA GPU the training runs on the GPU and section 7
 # saves a real CUDA checkpoint.
 #
-# **Run All:** 18 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 15 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -161,18 +161,23 @@ scaled = ScaledTanh()
 save_error = None
 try:
     torch.save(scaled, artifacts / "scaled_whole.pt")
-except (AttributeError, pickle.PicklingError) as error:   # Python 3.14 raises PicklingError
+# a local lambda: AttributeError (PicklingError from Python 3.14); a module-level one: PicklingError;
+# an open file or a lock: TypeError
+except (AttributeError, pickle.PicklingError, TypeError) as error:
     save_error = error
 print("".join(traceback.format_exception(save_error, limit=-2)))     # its last frames: inside torch.save
 assert save_error is not None and "pickle" in str(save_error)
 
-# which attribute? pickle each one the model holds, the way torch.save would
+# which attribute? pickle what each module holds, the way torch.save would (submodules one by one)
 unpicklable = []
-for name, value in vars(scaled).items():
-    try:
-        pickle.dumps(value)
-    except (AttributeError, pickle.PicklingError, TypeError):
-        unpicklable.append(name)
+for module_name, module in scaled.named_modules():
+    for name, value in vars(module).items():
+        if name == "_modules":                              # the submodules: named_modules visits them
+            continue
+        try:
+            pickle.dumps(value)
+        except (AttributeError, pickle.PicklingError, TypeError):
+            unpicklable.append(f"{module_name}.{name}".lstrip("."))
 print("attributes pickle cannot write:", unpicklable)
 assert unpicklable == ["activation"]
 
@@ -180,8 +185,19 @@ torch.save(scaled.state_dict(), artifacts / "scaled_state_dict.pt")   # the fix:
 copy_of_scaled = ScaledTanh()                                          # the lambda comes back from the code
 copy_of_scaled.load_state_dict(torch.load(artifacts / "scaled_state_dict.pt", weights_only=True))
 assert torch.equal(copy_of_scaled(x), scaled(x))
+print("the state_dict saved and loaded back: the same outputs")
 print("explain():", explain(save_error).id)                # the same diagnosis, from the traceback's torch.save
 assert explain(save_error).id == "model-not-picklable"
+
+# %% [markdown]
+# The other fix is in the model: a module-level `def` or a layer (`nn.Tanh()`) instead of the lambda pickles by
+# name. And a failed `torch.save` still leaves a file behind (`scaled_whole.pt` above), which a later
+# `torch.load` refuses; section 9 writes checkpoints so that a failed save leaves the previous file intact:
+
+# %%
+print("left behind:", (artifacts / "scaled_whole.pt").stat().st_size, "bytes")
+with expect_error(RuntimeError, match="PytorchStreamReader failed"):
+    torch.load(artifacts / "scaled_whole.pt", weights_only=True)
 
 # %% [markdown]
 # **Why `weights_only=False` on someone else's file is a security hole:** unpickling can call any function.
