@@ -32,7 +32,7 @@
 # section 6 and the writers killed in section 9. On a CUDA GPU the training runs on the GPU and section 7
 # saves a real CUDA checkpoint.
 #
-# **Run All:** 15 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 17 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import copy
@@ -165,7 +165,8 @@ try:
 # an open file or a lock: TypeError
 except (AttributeError, pickle.PicklingError, TypeError) as error:
     save_error = error
-print("".join(traceback.format_exception(save_error, limit=-2)))     # its last frames: inside torch.save
+last_frames = "".join(traceback.format_exception(save_error, limit=-2))     # its last frames: inside torch.save
+print(last_frames.replace(str(Path(torch.__file__).parent.parent), "..."))  # (site-packages shortened)
 assert save_error is not None and "pickle" in str(save_error)
 
 # which attribute? pickle what each module holds, the way torch.save would (submodules one by one)
