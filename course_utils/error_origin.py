@@ -204,7 +204,7 @@ AREAS: list[tuple[str, Area]] = [
     (r"torch/nn/modules/loss\.py|ATen/native/Loss\.cpp|THC?U?NN/generic/\w*Criterion",
      _AREA["loss"]),
     (r"torch/nn/modules/|torch/nn/functional\.py|ATen/native/(Convolution|ConvUtils|cudnn/Conv|Pool|"
-     r"DilatedMaxPool|Adaptive|layer_norm|RNN|Linear\.cpp|Pad|ReflectionPad|ReplicationPad)",
+     r"DilatedMaxPool|Adaptive|layer_norm|RNN|Linear\.cpp|Pad)",   # Pad: PadNd, Padding, ReflectionPad, ReplicationPad
      _AREA["layers"]),
     # PyTorch's Python reference implementations (for torch.compile and meta tensors) repeat the C++ kernels'
     # messages: a layer's or a loss's function there is that layer's or loss's

@@ -24,8 +24,7 @@ Writes `course_utils/data/error_templates-<torch version>.json.gz`. Run it once 
     .venv-torch2.14.1/bin/python tools/build_error_index.py --cpp-tree /path/to/pytorch-v2.6.0 --tree-origin "..."
 
 (the stored indexes: the tree of http://deb.debian.org/debian/pool/main/p/pytorch/pytorch_2.6.0+dfsg.orig.tar.xz,
-whose sha256 each index records; its builds take 10 GB or more of memory for the libraries' strings: run one
-at a time)
+whose sha256 each index records; each build takes 2–3 minutes and under 2 GB of memory here)
 
 or, after a change to how Python messages are read, `--refresh-python` (keeps the stored C++ side).
 
