@@ -213,12 +213,11 @@ RULES: list[Rule] = [
            "CUDA reports errors asynchronously: the traceback may point at a later line"],
           "rerun on the CPU (or with CUDA_LAUNCH_BLOCKING=1) for an exact message, then check "
           "labels.min() >= 0 and labels.max() < num_classes before the loss",
-          3, "4. Data",
+          3, "A label out of range: the device-side assert",
           [r"device-side assert triggered", r"Assertion .?\w*t >= 0 && \w*t < n_classes.? failed",
            r"Target -?\d+ is out of bounds", r"index out of range in self"],
           ["CUDA error: device-side assert triggered", "Assertion t >= 0 && t < n_classes failed",
-           "Target 5 is out of bounds"],
-          reproduced=False),                 # chapter 3 finds the bad values before the kernel sees them
+           "Target 5 is out of bounds"]),    # chapter 3 raises the CPU's form (and the GPU's, on a GPU)
     _rule("device-mismatch", "device mismatch",
           ["the model was moved with .to(device) but the batch was not (or the reverse)",
            "the targets, a mask or another extra input was left on the CPU",

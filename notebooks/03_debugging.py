@@ -20,9 +20,10 @@
 # and measure it with `torch.profiler` (which ops allocate) and `torch.cuda.max_memory_allocated` (the peak);
 # catch an out-of-memory error and retry with a smaller batch; tell a real OOM from memory you hold by
 # accident; find the first layer that produces a NaN with a forward hook you write yourself, in the order
-# **data → model → numerics** (an empty sequence, float16 overflow under autocast on CPU and GPU, a learning
-# rate too high for SGD and for Adam, and an initialisation that explodes or vanishes — Kaiming's that
-# holds); and print the device of every tensor when they disagree.
+# **data → model → numerics** (a label out of range, the CPU's form of CUDA's device-side assert; an empty
+# sequence, float16 overflow under autocast on CPU and GPU, a learning rate too high for SGD and for Adam,
+# and an initialisation that explodes or vanishes — Kaiming's that holds); and print the device of every
+# tensor when they disagree.
 #
 # **You write the PyTorch; `course_utils` holds the hardened versions of what you write** (a CPU
 # counterpart, a readable report, hooks always removed). Each section shows the plain code first.
@@ -31,12 +32,13 @@
 # GPU the OOM sections run for real (a capped GPU, a real `torch.OutOfMemoryError`, a memory snapshot); on
 # CPU each has a labelled CPU counterpart (on Linux, a real CPU allocator failure).
 #
-# **Run All:** 12 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 15 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import gc
 import math
 import os
+import subprocess
 import sys
 import weakref
 from pathlib import Path
@@ -50,7 +52,7 @@ from torch.utils.data import Dataset
 from course_utils import (DeviceMismatchError, SmallConvNet, check_clip_loudness, check_devices, check_mean_kept_output,
                           check_memory_estimate, check_rms_normalise, check_validation_losses,
                           compare_speed, cpu_memory_cap, cuda_memory_cap, estimate_training_memory, exercise,
-                          expect_error, expect_warning, find_max_batch_size, find_nonfinite, get_device,
+                          expect_error, expect_warning, explain, find_max_batch_size, find_nonfinite, get_device,
                           hardware_summary, idle_cores, locate_nonfinite, measure_peak_memory, mlp, plot_losses,
                           progress, seed_everything, torch_threads, train_step)
 from course_utils.memory_simulation import max_batch_size_by_simulation
@@ -647,6 +649,62 @@ batch = {"features": (filled - mean) / safe_std, "targets": batch["targets"]}
 loss = F.mse_loss(regressor(batch["features"]), batch["targets"])
 print("loss after the fix:", loss.item())
 assert find_nonfinite(batch) == [] and torch.isfinite(loss)
+
+# %% [markdown]
+# ### A label out of range: the device-side assert
+#
+# The other classic data bug is a **label the model has no output for**. A dataset numbers its 10 classes
+# 1 to 10 (a spreadsheet that counts from 1) and feeds a 10-class model, whose `cross_entropy` needs
+# `0 <= label < 10`. On the CPU the loss checks every label first and raises, naming the value. On a GPU the
+# check runs *inside the kernel*: it fails as `CUDA error: device-side assert triggered`, reported
+# asynchronously (the traceback may point at a later line), and it leaves the CUDA context unusable, so
+# every later CUDA call in that process fails too. That is why, on a GPU, the next cell runs the same
+# code in a child process: this kernel stays alive.
+
+# %%
+seed_everything(0)
+classifier_head = mlp([4, 16, 10])                     # 10 outputs: classes 0..9
+features_10 = torch.randn(32, 4)
+labels_from_1 = torch.randint(1, 11, (32,))            # classes numbered 1..10
+labels_from_1[5] = 10                                  # (at least one 10 in this batch)
+
+with expect_error(IndexError, match="Target 10 is out of bounds") as out_of_range:
+    F.cross_entropy(classifier_head(features_10), labels_from_1)
+
+on_gpu = """
+import torch, torch.nn.functional as F
+logits = torch.randn(32, 10, device="cuda")
+labels = torch.randint(1, 11, (32,), device="cuda")
+labels[5] = 10
+print(F.cross_entropy(logits, labels).item())
+"""
+if torch.cuda.is_available():
+    child = subprocess.run([sys.executable, "-c", on_gpu], capture_output=True, text=True, timeout=300)
+    gpu_lines = [line for line in child.stderr.splitlines() if "assert" in line.lower()]
+    print(f"the same labels on {torch.cuda.get_device_name()}, in a child process (exit code {child.returncode}):")
+    print("\n".join(gpu_lines[-3:]))
+    assert child.returncode != 0 and "device-side assert triggered" in child.stderr
+else:
+    print("(no CUDA GPU here: the GPU's form of this error, 'CUDA error: device-side assert triggered', was not "
+          "run; the IndexError above is the CPU's form of the same check)")
+
+# %% [markdown]
+# The PyTorch way to diagnose it: compare the labels' range with the number of outputs **before** the loss.
+# `explain()` recognises both forms of the message and sends you here.
+
+# %%
+num_classes = classifier_head(features_10).shape[1]
+print(f"labels run {labels_from_1.min().item()}..{labels_from_1.max().item()}; the model has {num_classes} outputs")
+assert labels_from_1.max().item() >= num_classes             # the diagnosis: a label with no output
+print("explain():", explain(out_of_range.value).id)
+assert explain(out_of_range.value).id == "device-side-assert"
+assert explain("RuntimeError: CUDA error: device-side assert triggered").id == "device-side-assert"
+
+labels_from_0 = labels_from_1 - 1                            # the fix: number the classes from 0
+assert 0 <= labels_from_0.min() and labels_from_0.max() < num_classes
+fixed_loss = F.cross_entropy(classifier_head(features_10), labels_from_0)
+print("loss after the fix:", round(fixed_loss.item(), 4))
+assert torch.isfinite(fixed_loss)
 
 
 # %% [markdown]
@@ -1373,6 +1431,7 @@ check_mean_kept_output(mean_kept_output)
 # | deep ReLU network: loss stays at "predict the mean", output identical for all inputs | default init vanishes over depth: Kaiming init | §6, the three initialisations |
 # | a layer's weights barely change, no NaN | saturated activations from a bad initialisation: compare per-layer gradient norms | §6, saturated sigmoids |
 # | `RuntimeError: Function 'XBackward0' returned nan values` | `detect_anomaly` found the backward op | §6 |
+# | `CUDA error: device-side assert triggered`; on CPU `IndexError: Target 10 is out of bounds` | a label >= the number of outputs (classes numbered from 1), or negative: check `labels.min()`/`labels.max()` | §4, "A label out of range" |
 # | `Expected all tensors to be on the same device` | model, input, target or a tensor created without `device=`: `check_devices` | §7 |
 # | `Tensor on device meta is not on the expected device cpu!` | the same mismatch, with the `meta` device | §7 |
 # | a constant stays on the CPU / is missing from the checkpoint | plain tensor attribute: `register_buffer` | §8 |
