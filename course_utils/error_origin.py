@@ -226,7 +226,8 @@ AREAS: list[tuple[str, Area]] = [
     (r"torch/autograd/|torch/csrc/autograd/|torch/utils/checkpoint|"
      r"torch/_tensor\.py:(\w+\.)*(backward|register_hook|retain_grad|__array__|numpy)$",
      _AREA["autograd"]),
-    (r"torch/cuda/|c10/cuda/|torch/csrc/cuda/|c10/core/Device|torch/_C/_cuda|ATen/cuda/",
+    (r"torch/cuda/|c10/cuda/|torch/csrc/cuda/|c10/core/Device|torch/_C/_cuda|ATen/cuda/|"
+     r"torch/(xpu|mps)/__init__|torch_npu/npu/|torch_xla/(runtime|core/xla_model)\.py",    # other accelerators' own
      _AREA["cuda"]),
     # `import torch` itself failed (a DLL, a shared library, the CUDA runtime): the installation, no chapter
     (r"torch/__init__\.py:<module>$",
@@ -408,7 +409,8 @@ _CPP_EXTENSION = re.compile(r"\.(?:cpp|cc|cu|cuh|h|hpp)\s?[:(]\s?\d")     # a ch
 def _cpp_locations(text: str) -> list[re.Match]:
     return list(_CPP_LOCATION.finditer(text)) if _CPP_EXTENSION.search(text) else []
 _PYTORCH_CPP = re.compile(r"((?:torch/csrc|aten/src|c10|caffe2)/.+)$")
-_OTHERS_CPP_OK = re.compile(r"(^|/)(third_party|gloo|nccl|onnx|onnxruntime\w*|fbgemm|ideep|mkl-dnn)/", flags=re.IGNORECASE)
+_OTHERS_CPP_OK = re.compile(r"(^|[/:])(third_party|gloo|nccl|onnx|onnxruntime\w*|fbgemm|ideep|mkl-dnn|torch_npu|torch_xla)/",
+                            flags=re.IGNORECASE)      # (":": a location written "Initialize:torch_npu/csrc/...")
 
 
 # the standard library's own modules (Linux "lib/python3.10/pickle.py", Windows "Lib\\multiprocessing\\..."):
@@ -420,7 +422,9 @@ _STDLIB = re.compile(r"(^|/)[Ll]ib/(python[\d.]+/)?(multiprocessing|concurrent|i
 
 
 # an installed package, or a source checkout of PyTorch (".../pytorch/torch/cuda/__init__.py")
-_INSTALLED = re.compile(r"(?:site-packages|dist-packages|lib/python[\d.]+|pytorch)/((?:torch|onnxruntime|triton)/.+)")
+# (torch_xla and torch_npu are PyTorch's backends for TPUs and Ascend NPUs, installed beside torch)
+_INSTALLED = re.compile(r"(?:site-packages|dist-packages|lib/python[\d.]+|pytorch)/((?:torch|torch_xla|torch_npu|onnxruntime|"
+                        r"triton)/.+)")
 
 
 def frames(text: str) -> list[tuple[str | None, str]]:
@@ -593,13 +597,14 @@ _PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object ha
 # on your system since the accelerator is not available", "your machine only has: []"): PyTorch's subject even
 # where no PyTorch word is printed
 _NO_GPU = (r"\b(CUDA|cuda|GPUs?|gpus?|[Aa]ccelerator)\b[\w ]{0,30}\b(is|are) not available\b|"
-           r"\b[Nn]o (CUDA|cuda|HIP|ROCm)[\w -]{0,20}\b(GPUs?|devices?)\b|\bonly be used on (CUDA|GPU)\b|"
+           r"\b[Nn]o (CUDA|cuda|HIP|ROCm|XPU|NPU|TPU|XLA)[\w -]{0,20}\b(GPUs?|devices?)\b|\bonly be used on (CUDA|GPU)\b|"
            r"\bnot available (cuda|CUDA|GPU)|"
            r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b|"
            r"\b[Nn]o supported (gpu|GPU|CUDA)\b")
 TOPICS: list[tuple[str, Area]] = [
     # a CUDA kernel's own assertion ("block: [0,0,0], thread: [31,0,0] Assertion `t >= 0` failed"): an index
-    (r"device-side assert triggered|\bblock: \[\d+, ?\d+, ?\d+\], thread: \[\d+, ?\d+, ?\d+\]",
+    (r"device-side assert triggered|\b[Dd]evice-side assertion\b|"
+     r"\bblock: \[\d+, ?\d+, ?\d+\], thread: \[\d+, ?\d+, ?\d+\]",
      _low("indexing")),
     # the DataLoader's workers hand batches over through shared memory and file descriptors
     (r"unable to mmap|received \d+ items of ancdata|Too many open files|resize storage that is not resizable|"
@@ -620,7 +625,7 @@ TOPICS: list[tuple[str, Area]] = [
      _low("memory")),
     # the CUDA runtime's asynchronous kernel faults: most often an index out of range in an op or a custom kernel
     (r"illegal memory access|misaligned address|unspecified launch failure|illegal instruction was encountered|"
-     r"CUBLAS_STATUS_EXECUTION_FAILED",
+     r"CUBLAS_STATUS_EXECUTION_FAILED|DEVICE_LOST\b",          # (Level Zero's, for an XPU)
      _low("indexing")),
     # an index outside its dimension (not Python's own "list index out of range")
     (r"(?<!list )(?<!tuple )(?<!string )\bindex (-?\d+ )?(is )?out of (range|bounds)\b|\b[Ii]nvalid index\b",
@@ -633,7 +638,8 @@ TOPICS: list[tuple[str, Area]] = [
      _low("numpy")),
     # (MPS: a buffer larger than the GPU may hold, in PyTorch's and in Apple's MPSNDArray's words)
     (r"\b(out of memory|OutOfMemoryError|ALLOC_FAILED|can't allocate memory|not enough memory)|OUT_OF_RESOURCES\b|"
-     r"\bInvalid buffer size\b|\btotal bytes of NDArray\b",
+     r"\bInvalid buffer size\b|\btotal bytes of NDArray\b|\bbuffer is not large enough\b|larger than INT_MAX\b|"
+     r"\bRESOURCE_EXHAUSTED: Ran out of memory\b",                 # (XLA's, on a TPU)
      _low("memory")),
     # the launcher passes --local-rank (torch.distributed.launch) to a script that does not parse it
     (r"--local[-_]rank\b",
@@ -648,7 +654,7 @@ TOPICS: list[tuple[str, Area]] = [
      _low("distributed")),
     (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision)\b|autocast)|\w*Half(Tensor|Type)\b",
      _low("amp")),
-    (r"\bon different (GPUs|devices)\b|\bto have the same device\b|\bmust be on the same device\b|"
+    (r"\bon different (GPUs|devices)\b|\bnot an XLA tensor\b|\((cpu|xla) vs\. (cpu|xla)\)|\bto have the same device\b|\bmust be on the same device\b|"
      r"\b(cuda|CUDA|GPU)\w*\b.{0,120}\b(cpu|CPU)\b|\b(cpu|CPU)\b.{0,120}\b(cuda|CUDA|GPU)|\bmps\b|\bMPS\b|"
      r"torch\.cuda\.\w+Tensor.{0,80}torch\.(?!cuda)\w+Tensor|torch\.(?!cuda)\w+Tensor.{0,80}torch\.cuda\.\w+Tensor|"
      r"\bCUDA\w*Type\b.{0,80}\bCPU\w*Type\b|\bCPU\w*Type\b.{0,80}\bCUDA\w*Type\b",
@@ -669,7 +675,9 @@ TOPICS: list[tuple[str, Area]] = [
      r"\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
      _low("loss")),
     (r"\b(NVIDIA driver|device ordinal|CUDA_VISIBLE_DEVICES|no CUDA GPUs|CUDA driver|compiled with CUDA|"
-     r"CUDA is not available)",
+     r"CUDA is not available)|"
+     # another accelerator's runtime failing to set or count its devices (Ascend's aclrtGetDeviceCount, SYCL's)
+     r"[Ss]etDevice\b|GetDevice(Count)?\b|DEVICE_NOT_FOUND\b",
      _low("cuda")),
     (r"\b(dynamo|Dynamo|inductor|Inductor|triton|Triton|torch\.compile|graph break|[Rr]ecompil\w*|fullgraph)|"
      r"\bC(\+\+)? compil\w*|\bCppCompile|BackendCompilerFailed|"
@@ -715,7 +723,7 @@ def error_text(text: str) -> str:
 # PyTorch's names: the package, its C++ namespaces and libraries, and names of its API and messages that
 # other frameworks do not use (a `state_dict`, a `grad_fn`, `cuda:0`, the caching allocator's "total capacity")
 _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\b|\bCUBLAS_|\bNCCL\b|"
-                            r"\bRuntimeError\b|\b(nccl|gloo|HCCL|torch_npu|tensorboardX|FSDP|FullyShardedDataParallel|"
+                            r"\bRuntimeError\b|\b(nccl|gloo|HCCL|torch_npu|torch_xla|XLA tensor|NPU function error|MPSNDArray|MPSGraph|ScalarType|tensorboardX|FSDP|FullyShardedDataParallel|"
                             r"FlatParameter|state_dict|grad_fn|requires_grad|map_location|DataLoader|torchrun|"
                             r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|"
                             r"BackendCompilerFailed|num_workers)\b|"
@@ -749,13 +757,37 @@ def file_system_or_pip(text: str) -> bool:
 # error(s) found", the ONNX-TensorRT parser's "parseGraph")
 _OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cutorch|luarocks|cuml|cupy|numba|"
                                r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
-                               r"coremltools|tf2onnx)\b|\.lua\b|root error\(s\) found")
+                               r"coremltools|tf2onnx|ggml\w*|ollama)\b|\.lua\b|root error\(s\) found")
+
+
+# Lua Torch, PyTorch's predecessor: its paths say "torch" too ("torch/install/bin/luajit", "cutorch/lib/THC")
+_LUA_TORCH = re.compile(r"\.lua\b|\b(cutorch|luarocks|luajit)\b")
 
 
 def another_frameworks(text: str) -> bool:
-    """The message names another framework (CuPy, TensorFlow, ...) and nothing of PyTorch's: its out-of-memory or
-    device error reads like PyTorch's, but the chapters' advice is not for it."""
-    return bool(_OTHER_FRAMEWORKS.search(text)) and not _PYTORCH_WORDS.search(text)
+    """The message names another framework (CuPy, TensorFlow, ...) and nothing of PyTorch's, or is Lua Torch's: its
+    out-of-memory or device error reads like PyTorch's, but the chapters' advice is not for it."""
+    return bool(_LUA_TORCH.search(text)) or bool(_OTHER_FRAMEWORKS.search(text)) and not _PYTORCH_WORDS.search(text)
+
+
+# The CUDA runtime's and driver's own error strings (cudaGetErrorString's): every CUDA program prints them
+# (TensorFlow, JAX, ONNX Runtime, darknet, NVIDIA's samples). They are PyTorch's in PyTorch's framing ("CUDA error:
+# ...", 1.x's "cuda runtime error (N) :" and "THCudaCheck FAIL", the hint that kernel errors are reported
+# asynchronously) or beside another of PyTorch's words
+_CUDA_LIBRARY_STRINGS = re.compile(r"no CUDA-capable device is detected|invalid device ordinal|CUDA driver version is "
+                                   r"insufficient|illegal memory access was encountered|unspecified launch failure|"
+                                   r"CUDA-capable devices are busy or unavailable|no kernel image is available|"
+                                   r"device-side assert triggered|forward compatibility was attempted")
+_PYTORCH_CUDA_FRAMING = re.compile(r"\bCUDA error: |\bcuda runtime error \(\d+\)|\bTHCudaCheck FAIL|\bCUDA driver error\b|"
+                                   r"\bCUDA call failed lazily|\bCUDA initialization\b|CUDA kernel errors might be|"
+                                   r"\bCUDA_LAUNCH_BLOCKING\b|\bTORCH_USE_CUDA_DSA\b")
+
+
+def foreign_cuda(text: str) -> bool:
+    """The message is the CUDA library's own words ("no CUDA-capable device is detected") without PyTorch's
+    framing of them and without another PyTorch word ("RuntimeError" alone is any Python binding's)."""
+    return bool(_CUDA_LIBRARY_STRINGS.search(text)) and not _PYTORCH_CUDA_FRAMING.search(text) and \
+        not _PYTORCH_WORDS.search(_CUDA_LIBRARY_STRINGS.sub(" ", text.replace("RuntimeError", "")))
 
 
 def looks_like_pytorch(text: str) -> bool:

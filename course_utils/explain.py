@@ -34,7 +34,8 @@ from functools import lru_cache
 from urllib.parse import quote
 
 from course_utils._display import ReadableResult
-from course_utils.error_origin import (another_frameworks, file_system_or_pip, foreign_cpp, frames, looks_like_pytorch,
+from course_utils.error_origin import (another_frameworks, file_system_or_pip, foreign_cpp, foreign_cuda, frames,
+                                      looks_like_pytorch,
                                       origin, topic_of, vocabulary_area)
 
 CHAPTERS = {1: "01_tensors_autograd.ipynb", 2: "02_data_and_modules.ipynb", 3: "03_debugging.ipynb",
@@ -183,7 +184,8 @@ RULES: list[Rule] = [
     _rule("cuda-driver", "PyTorch cannot use CUDA here: no driver, an old driver, or a CPU-only build",
           ["the driver is older than the CUDA version the PyTorch wheel was built with",
            "no NVIDIA driver or GPU at all (a CPU-only machine, a container started without --gpus)",
-           "a CPU-only PyTorch build (torch.version.cuda is None) with code that calls .cuda()"],
+           "a CPU-only PyTorch build (torch.version.cuda is None) with code that calls .cuda()",
+           "a wheel not built for this GPU's architecture (a new GPU, an old wheel; on ROCm, a gfx target it lacks)"],
           "update the driver, or install the wheel for an older CUDA (or a CUDA build at all); python -m "
           "course_utils doctor names the driver and the wheel's CUDA; pick the device with get_device()",
           1, "1. Pick the device once; a tensor carries it, and whether autograd tracks it",
@@ -192,7 +194,8 @@ RULES: list[Rule] = [
            r"CUDA initialization: CUDA unknown error",
            r"(RuntimeError|CUDA error)\s?:.{0,40}?CUDA driver version is insufficient",
            r"CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
-           r"no kernel image is available for execution on the device", r"hipErrorNoBinaryForGpu"],
+           r"no kernel image is available for execution on the device", r"hipErrorNoBinaryForGpu",
+           r"CUDA error: invalid device function"],     # (also ROCm's "HIP error: ...", read as CUDA's)
           ["The NVIDIA driver on your system is too old", "Found no NVIDIA driver on your system",
            "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version",
            "AssertionError: Torch not compiled with CUDA enabled"],
@@ -512,7 +515,9 @@ RULES: list[Rule] = [
            r"(DataLoader|torch/utils/data/)[\s\S]{0,3000}?Can't (get|pickle) local object",
            # h5py's own words: an open HDF5 file in a Dataset, which spawn must pickle for each worker
            r"h5py objects cannot be pickled",
-           r"unable to open shared memory object", r"bus error encountered in worker", r"Unexpected bus error",
+           r"unable to open shared memory object", r"unable to write to file </torch_",   # shm (/dev/shm) full
+           # the signal handler of a DataLoader worker (torch/csrc/DataLoader.cpp: SIGBUS, SIGSEGV, SIGFPE)
+           r"Unexpected (bus error|segmentation fault|floating-point exception) encountered in worker",
            r"start a new process before the current process has finished its bootstrapping phase",
            r"insufficient shared memory \(shm\)"],
           ["DataLoader worker (pid(s) 1234) exited unexpectedly", "DataLoader worker (pid 4024) is killed by signal",
@@ -746,6 +751,21 @@ def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+# PyTorch's ROCm build is its CUDA source hipified ("HIP error: ...", kernels in ATen/native/hip/*.hip), and 1.x
+# framed the CUDA runtime's errors as "cuda runtime error (N) : ...": rules and templates read both in today's
+# CUDA wording
+_OTHER_CUDA_WORDINGS = [(re.compile(r"\bcuda runtime error \(\d+\) ?: ?"), "CUDA error: "),
+                        (re.compile(r"\bHIP error: "), "CUDA error: "),
+                        (re.compile(r"\bHIP (kernel errors|out of memory)\b"), r"CUDA \1"),
+                        (re.compile(r"/hip/(\w+)\.hip\b"), r"/cuda/\1.cu")]
+
+
+def _in_cuda_words(text: str) -> str:
+    for pattern, replacement in _OTHER_CUDA_WORDINGS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def _message(error: BaseException | str) -> str:
     """The text the rules read: a pasted message as it is; an exception as its traceback's frame lines (without
     their code, whose words are the user's) and its last line, as a paste of it would read."""
@@ -762,8 +782,8 @@ def explain(error: BaseException | str) -> Explanation | None:
     """The `Explanation` of an exception (or a pasted message): a curated rule's when one matches, else a
     placement by where in PyTorch it was raised (`course_utils.error_origin`); None for a message that is
     not PyTorch's, or comes from a part of PyTorch no chapter teaches."""
-    text = normalise(_message(error))
-    if foreign_cpp(text) or another_frameworks(text):
+    text = _in_cuda_words(normalise(_message(error)))
+    if foreign_cpp(text) or another_frameworks(text) or foreign_cuda(text):
         return None
     for rule in RULES:
         if rule.matches(text):
@@ -774,7 +794,7 @@ def explain(error: BaseException | str) -> Explanation | None:
     if file_system_or_pip(text):
         return None
     if isinstance(error, BaseException) and error.__traceback__ is not None:   # its frames say where, too
-        text = normalise("".join(traceback.format_exception(error)))
+        text = _in_cuda_words(normalise("".join(traceback.format_exception(error))))
     found = origin(text)
     area = found.area if found else None
     where = found.describe() if found else ""

@@ -400,6 +400,50 @@ def test_no_gpu_as_projects_and_wrappers_say_it():
     assert explain("cupy.cuda.runtime.CUDARuntimeError: cudaErrorNoDevice: no CUDA-capable device is detected") is None
 
 
+def test_the_cuda_librarys_own_words_are_pytorchs_only_in_pytorchs_framing():
+    # cudaGetErrorString's words, printed by other programs (tuning-11: a physics engine, nccl-tests, darknet):
+    # no chapter; the same words in PyTorch's "CUDA error: ..." or 1.x's "cuda runtime error (N)" are chapter 1's
+    for message in ["CUDA Error CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected while calling init (cuInit)",
+                    "458398: Test CUDA failure common.cu:730 'no CUDA-capable device is detected'",
+                    "CUDA status Error: file: ./src/dark_cuda.c : () : line: 36 CUDA Error: invalid device ordinal",
+                    # Lua Torch, PyTorch's predecessor: its paths say "torch" too
+                    "/home/u/torch/install/bin/luajit: /home/u/torch/install/share/lua/5.1/trepl/init.lua:383: "
+                    "cuda runtime error (35) : CUDA driver version is insufficient for CUDA runtime version"]:
+        assert explain(message) is None, message
+    assert explain("RuntimeError: CUDA error: invalid device ordinal").id == "invalid-device-ordinal"
+    assert explain("RuntimeError: CUDA error: device-side assert triggered").id == "device-side-assert"
+    old = explain("RuntimeError: cuda runtime error (100) : no CUDA-capable device is detected at "
+                  "/pytorch/aten/src/THC/THCGeneral.cpp:47")
+    assert old is not None and old.chapter == 1
+
+
+def test_rocm_messages_read_as_the_cuda_messages_they_were_hipified_from():
+    assert explain("RuntimeError: HIP error: invalid device ordinal").id == "invalid-device-ordinal"
+    assert explain("RuntimeError: HIP error: invalid device function\nHIP kernel errors might be asynchronously "
+                   "reported at some other API call").id == "cuda-driver"          # built for another gfx target
+    assert explain("RuntimeError: CUDA error: invalid device function").id == "cuda-driver"
+    kernel = explain("/pytorch/aten/src/ATen/native/hip/IndexKernel.hip:94: operator(): Device-side assertion "
+                     "`-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"' failed.")
+    assert kernel is not None and kernel.chapter == 3
+
+
+def test_other_accelerators_are_placed_like_cuda():
+    # PyTorch's own backends for Intel GPUs (torch/xpu), TPUs (torch_xla) and Ascend NPUs (torch_npu): picking the
+    # device is chapter 1, a CPU tensor given to an XLA op and a buffer too large are chapter 3
+    cases = {'  File "/venv/lib/python3.12/site-packages/torch/xpu/__init__.py", line 120, in _lazy_init\n'
+             '    torch._C._xpu_init()\nRuntimeError: No XPU devices are available.': 1,
+             '  File "/usr/local/lib/python3.10/site-packages/torch_npu/npu/utils.py", line 80, in set_device\n'
+             '    torch_npu._C._npu_setDevice(device_id)\nRuntimeError: Initialize:torch_npu/csrc/core/npu/'
+             'sys_ctrl/npu_sys_ctrl.cpp:146 NPU function error: c10_npu::SetDevice(device_id_), error code is 507033': 1,
+             "RuntimeError: /pytorch/xla/torch_xla/csrc/aten_xla_bridge.cpp:276 : Check failed: device.type() == "
+             "at::kXLA (cpu vs. xla)": 3,
+             "MPSNDArray.mm:794: failed assertion `[MPSNDArray, initWithBuffer:descriptor:] Error: buffer is not large "
+             "enough. Must be 207456 bytes": 3}
+    for message, chapter in cases.items():
+        got = explain(message)
+        assert got is not None and got.chapter == chapter and got.confidence == "low", message
+
+
 def test_a_launchers_report_defers_to_the_workers_own_error():
     worker = "EOFError: Ran out of input\n"
     report = "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 19) of binary"
