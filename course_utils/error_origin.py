@@ -254,8 +254,8 @@ class Origin:
     """Where a message was raised: `file` (and `function`, when known) inside PyTorch, and how it was found:
     'template' (the message matches a template from that file), 'library' (it contains a string of PyTorch's
     libraries placed in that file by their layout), 'traceback' (a frame of the paste, or a C++ file and line
-    in it), 'exception' (the module of the exception class it names) or 'log' (the module of a PyTorch log
-    record in it)."""
+    in it), 'exception' (the module of the exception class it names), 'log' (the module of a PyTorch log
+    record in it) or 'spawn' (only Python's frames of a process started with spawn)."""
 
     file: str
     function: str
@@ -271,6 +271,9 @@ class Origin:
             return f"its exception class is defined in {where}"
         if self.found_by == "log":
             return f"it was logged by {where}"
+        if self.found_by == "spawn":
+            return ("a process Python's multiprocessing started with spawn (Windows, macOS) failed to send or receive "
+                    "its pickled arguments: in a PyTorch program most often a DataLoader worker (num_workers > 0)")
         how = "its message matches a message written in" if self.found_by == "template" else \
             "the innermost PyTorch frame of the traceback is"
         return f"{how} {where}"
@@ -295,11 +298,14 @@ class _Template:
         for piece in self.pieces:
             at = text.find(piece, position)
             if at < 0:        # the longest start of this piece (1.x: "... Call .contiguous() before .view().")
-                if found + len(piece) >= needed:          # only when it could be enough
-                    start = _longest_start(piece, text, position)
-                    # a short start is often a phrase anyone writes ("failed to initialize", "too many values
-                    # to unpack"): with the whole C++ tree indexed it claimed TensorFlow's and Python's words
-                    found += start if found + start >= PARTIAL_LITERAL else 0
+                start = _longest_start(piece, text, position)
+                # a short start is often a phrase anyone writes ("failed to initialize", "too many values
+                # to unpack"): with the whole C++ tree indexed it claimed TensorFlow's and Python's words
+                found += start if found + start >= PARTIAL_LITERAL else 0
+                # whole sentences of the template: a newer release added advice after an older one's message
+                # ("Can't detach views in-place. Use detach() instead" + ". If you are using DDP ...")
+                if start and found >= PARTIAL_LITERAL and piece[start:start + 1] in (".", ";", "!"):
+                    needed = min(needed, found)
                 break
             found, position = found + len(piece), at + len(piece)
         return found if found >= needed else 0
@@ -332,8 +338,8 @@ def _pieces(text: str) -> tuple[str, ...]:
 @lru_cache(maxsize=1)
 def _index() -> tuple[dict[str, list[_Template]], tuple[str, ...]]:
     """Templates of every stored torch version, each filed under its rarest word and under the rarest word
-    of its first piece (a message must contain one of them for the template to be tried), and the
-    versions they came from."""
+    of its first piece and of that piece's first sentence (a message must contain one of them for the template
+    to be tried), and the versions they came from."""
     templates: dict[tuple[str, str], _Template] = {}
     versions = []
     for path in sorted(DATA.glob("error_templates-*.json.gz")):
@@ -353,7 +359,7 @@ def _index() -> tuple[dict[str, list[_Template]], tuple[str, ...]]:
     by_word: dict[str, list[_Template]] = {}
     for template in templates.values():
         first = next((p for p in template.text.split(HOLE) if _WORD.search(p)), "")
-        for part in (template.text, first):
+        for part in (template.text, first, first.split(". ")[0]):     # (an older release's first sentence alone)
             words = {w.lower() for w in _WORD.findall(part)}
             if words:
                 anchor = min(words, key=lambda w: (frequency[w], -len(w), w))
@@ -559,7 +565,15 @@ def origin(text: str) -> Origin | None:
     area = area_of(logged) if logged else None
     if area is not None:
         return Origin(logged, "", "log", replace(area, confident=False))
+    if _SPAWNED.search(text) and not _POOL.search(text):
+        return Origin("multiprocessing/spawn.py", "", "spawn", _low("data"))
     return None
+
+
+# a process started with spawn: the parent pickling it (Windows' popen_spawn_win32) or the child unpickling it
+# (spawn_main); a multiprocessing.Pool's or an executor's workers are not a DataLoader's
+_SPAWNED = re.compile(r"popen_spawn_win32\.py|spawn\.py\"?, line \d+, in (spawn_main|_main)\b")
+_POOL = re.compile(r"multiprocessing[/\\]pool\.py|\bSpawnPoolWorker\b|\bconcurrent[/\\]futures\b")
 
 
 # a log record of PyTorch's names the module that wrote it: Python logging's "ERROR:torch.distributed.elastic.
@@ -698,8 +712,8 @@ TOPICS: list[tuple[str, Area]] = [
     # anomaly mode's report names the backward that made a NaN: chapter 3's, though its words are autograd's
     (r"\bError detected in \w+Backward",
      _low("nan")),
-    (r"\b(grad_fn|requires_grad|requires grad|backward|autograd|leaf (Variable|Tensor)|[Ll]eaf variable|graph leaves|"
-     r"inplace operation)",
+    (r"\b(grad_fn|requires_grad|requires grad|require gradients|backward|autograd|leaf (Variable|Tensor)|"
+     r"[Ll]eaf variable|graph leaves|inplace operation)",
      _low("autograd")),
     (r"\b(optimizer|lr_scheduler|param_groups|learning rate)\b",
      _low("optim")),
@@ -737,7 +751,8 @@ _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\
                             r"micro_batch_per_gpu)\b|\baccelerator\.prepare\b|"
                             r"\b(DistributedDataParallel|DataParallel|DistributedSampler|GradScaler|SyncBatchNorm|"
                             r"ScriptModule|TorchScript|safetensors\w*|SafetensorError)\b|Error while deserializing header|"
-                            r"--local[-_]rank\b|\bMPS (Tensor|device|backend)\b|" + _NO_GPU)
+                            r"--local[-_]rank\b|\bMPS (Tensor|device|backend)\b|"
+                            r"NaN or Inf found in input tensor|" + _NO_GPU)     # (tensorboardX's, logging a loss)
 
 
 # pip's build output, and the file system's errors (a wrong path, a full disk): no chapter's advice fixes them,

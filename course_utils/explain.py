@@ -346,6 +346,9 @@ RULES: list[Rule] = [
            r"Can't get attribute '[^']*' on <module '__main__' from '",
            # a notebook's __main__ has no file ("<module '__main__'>"); a spawned worker's is "(built-in)"
            r"Can't get attribute '[^']*' on <module '__main__'(>|$)",
+           # a class looked up in a package's module ("models.common", "ultralytics.nn.modules.block") that no
+           # longer defines it: a whole model pickled with an older or newer version of that package
+           r"Can't get attribute '[^']*' on <module '(?!__)[\w.]+'",
            r"(torch\.load|serialization\.py|find_class).{0,800}?ModuleNotFoundError: No module named"],
           ["Can't get attribute 'Net' on <module '__main__' from 'train.py'>"]),
     _rule("model-not-picklable", "torch.save(model) cannot pickle something the model holds",
@@ -802,7 +805,7 @@ def explain(error: BaseException | str) -> Explanation | None:
     unplaced = found is not None and found.found_by == "library" and area is None
     untaught = found is not None and found.found_by != "library" and area is None
     if (found is None and looks_like_pytorch(text)) or unplaced or untaught or \
-            (area is not None and not area.confident):
+            (area is not None and not area.confident and found.found_by != "spawn"):
         topic = topic_of(text)
         if topic is not None and topic.chapter is not None and (area is None or area.chapter is not None):
             where = (f"{where}; its words are about {topic.what}" if where else

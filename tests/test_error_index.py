@@ -110,6 +110,14 @@ def test_an_older_wording_that_ends_differently_still_matches_its_start():
     assert found is not None and found.file == "torch/distributed/distributed_c10d.py"
 
 
+def test_an_older_release_whose_message_is_the_first_sentences_of_todays_matches():
+    # VariableTypeManual.cpp's message has since gained advice about DDP after these two sentences (1.x's whole
+    # message); a start of it that ends mid-sentence is not enough
+    found = match_template(normalise("RuntimeError: Can't detach views in-place. Use detach() instead"))
+    assert found is not None and found.file == "torch/csrc/autograd/VariableTypeManual.cpp"
+    assert match_template(normalise("RuntimeError: Can't detach views in-place. Use det")) is None
+
+
 def test_frames_of_a_pasted_traceback():
     pasted = normalise(
         'Traceback (most recent call last):\n'
@@ -442,6 +450,32 @@ def test_other_accelerators_are_placed_like_cuda():
     for message, chapter in cases.items():
         got = explain(message)
         assert got is not None and got.chapter == chapter and got.confidence == "low", message
+
+
+def test_a_process_started_with_spawn_that_fails_to_start_is_a_dataloader_workers_at_low_confidence():
+    # Windows: only Python's frames, the parent pickling the process object or the child unpickling it
+    parent = ('  File "C:\\envs\\lib\\multiprocessing\\popen_spawn_win32.py", line 89, in __init__\n'
+              '    reduction.dump(process_obj, to_child)\n'
+              '  File "C:\\envs\\lib\\multiprocessing\\reduction.py", line 60, in dump\n'
+              '    ForkingPickler(file, protocol).dump(obj)\nBrokenPipeError: [Errno 32] Broken pipe')
+    child = ('  File "<string>", line 1, in <module>\n'
+             '  File "C:\\envs\\lib\\multiprocessing\\spawn.py", line 116, in spawn_main\n'
+             '    exitcode = _main(fd, parent_sentinel)\n'
+             '  File "C:\\envs\\lib\\multiprocessing\\spawn.py", line 126, in _main\n'
+             '    self = reduction.pickle.load(from_parent)\n_pickle.UnpicklingError: pickle data was truncated')
+    for message in (parent, child):
+        got = explain(message)
+        assert got is not None and got.chapter == 2 and got.confidence == "low", message
+        assert "spawn" in got.origin
+    # a multiprocessing.Pool's workers are not a DataLoader's
+    pool = '  File "/usr/lib/python3.10/multiprocessing/pool.py", line 125, in worker\n'
+    assert explain(pool + child) is None
+
+
+def test_a_class_missing_from_a_packages_module_is_a_whole_pickled_model():
+    got = explain("AttributeError: Can't get attribute 'C3k2' on <module 'ultralytics.nn.modules.block' from "
+                  "'/venv/lib/site-packages/ultralytics/nn/modules/block.py'>")
+    assert got.id == "pickled-class-missing"
 
 
 def test_a_launchers_report_defers_to_the_workers_own_error():
