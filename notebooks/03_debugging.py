@@ -20,10 +20,10 @@
 # and measure it with `torch.profiler` (which ops allocate) and `torch.cuda.max_memory_allocated` (the peak);
 # catch an out-of-memory error and retry with a smaller batch; tell a real OOM from memory you hold by
 # accident; find the first layer that produces a NaN with a forward hook you write yourself, in the order
-# **data → model → numerics** (a label out of range, the CPU's form of CUDA's device-side assert; an empty
-# sequence, float16 overflow under autocast on CPU and GPU, a learning rate too high for SGD and for Adam,
-# and an initialisation that explodes or vanishes — Kaiming's that holds); and print the device of every
-# tensor when they disagree.
+# **data → model → numerics** (an empty sequence, float16 overflow under autocast on CPU and GPU, a learning
+# rate too high for SGD and for Adam, and an initialisation that explodes or vanishes — Kaiming's that
+# holds); check labels against the model's outputs before the loss (a label out of range: the CPU's error,
+# and CUDA's device-side assert); and print the device of every tensor when they disagree.
 #
 # **You write the PyTorch; `course_utils` holds the hardened versions of what you write** (a CPU
 # counterpart, a readable report, hooks always removed). Each section shows the plain code first.
@@ -653,56 +653,84 @@ assert find_nonfinite(batch) == [] and torch.isfinite(loss)
 # %% [markdown]
 # ### A label out of range: the device-side assert
 #
-# The other classic data bug is a **label the model has no output for**. A dataset numbers its 10 classes
-# 1 to 10 (a spreadsheet that counts from 1) and feeds a 10-class model, whose `cross_entropy` needs
-# `0 <= label < 10`. On the CPU the loss checks every label first and raises, naming the value. On a GPU the
-# check runs *inside the kernel*: it fails as `CUDA error: device-side assert triggered`, reported
-# asynchronously (the traceback may point at a later line), and it leaves the CUDA context unusable, so
-# every later CUDA call in that process fails too. That is why, on a GPU, the next cell runs the same
-# code in a child process: this kernel stays alive.
+# The other data bug that stops a run at the loss (with an error, not a NaN) is a **label the model has no
+# output for**. A dataset numbers its 10 classes 1 to 10 (a spreadsheet that counts from 1) and feeds a
+# 10-class model, whose `cross_entropy` needs `0 <= label < 10`. On the CPU the loss checks each label as it
+# reads it and raises a Python error at the first bad one, naming its value. On a GPU the same check is an
+# `assert` inside the CUDA kernel: the kernel prints `Assertion `t >= 0 && t < n_classes` failed`, and Python
+# hears of it only at the next call that waits for the GPU, as `RuntimeError: CUDA error: device-side assert
+# triggered` ("CUDA kernel errors might be asynchronously reported at some other API call"), so the traceback
+# may point at a later line. Rerun with `CUDA_LAUNCH_BLOCKING=1`, or on the CPU, to get the right line and the
+# value. After a device-side assert the process's CUDA context is unusable: every later CUDA call fails too
+# (in Jupyter, restart the kernel). That is why, on a GPU, the cell below runs the same labels in a child
+# process, so that this kernel stays alive.
 
 # %%
 seed_everything(0)
-classifier_head = mlp([4, 16, 10])                     # 10 outputs: classes 0..9
-features_10 = torch.randn(32, 4)
-labels_from_1 = torch.randint(1, 11, (32,))            # classes numbered 1..10
-labels_from_1[5] = 10                                  # (at least one 10 in this batch)
+ten_class_model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 10))    # outputs: classes 0..9
+inputs = torch.randn(32, 4)
+labels_from_1 = torch.randint(1, 11, (32,))             # classes numbered 1..10
+labels_from_1[5] = 10                                   # (at least one 10 in this batch)
 
-with expect_error(IndexError, match="Target 10 is out of bounds") as out_of_range:
-    F.cross_entropy(classifier_head(features_10), labels_from_1)
+try:
+    F.cross_entropy(ten_class_model(inputs), labels_from_1)
+except IndexError as error:
+    print(f"{type(error).__name__}: {error}")
+    out_of_range = error
+else:
+    raise AssertionError("cross_entropy accepted a label >= the number of classes")
 
-on_gpu = """
+on_gpu = f"""
 import torch, torch.nn.functional as F
+torch.manual_seed(0)
 logits = torch.randn(32, 10, device="cuda")
-labels = torch.randint(1, 11, (32,), device="cuda")
-labels[5] = 10
-print(F.cross_entropy(logits, labels).item())
+labels = torch.tensor({labels_from_1.tolist()}, device="cuda")
+loss = F.cross_entropy(logits, labels)   # the kernel's assert fires here ...
+print(loss.item())                       # ... and Python hears of it here, at the first wait for the GPU
 """
 if torch.cuda.is_available():
     child = subprocess.run([sys.executable, "-c", on_gpu], capture_output=True, text=True, timeout=300)
-    gpu_lines = [line for line in child.stderr.splitlines() if "assert" in line.lower()]
+    kernel_lines = [line for line in child.stderr.splitlines() if "Assertion" in line]
+    python_lines = [line for line in child.stderr.splitlines() if "CUDA error" in line or "asynchronously" in line]
     print(f"the same labels on {torch.cuda.get_device_name()}, in a child process (exit code {child.returncode}):")
-    print("\n".join(gpu_lines[-3:]))
+    print("\n".join(kernel_lines[:1] + python_lines[-2:]))
     assert child.returncode != 0 and "device-side assert triggered" in child.stderr
 else:
     print("(no CUDA GPU here: the GPU's form of this error, 'CUDA error: device-side assert triggered', was not "
           "run; the IndexError above is the CPU's form of the same check)")
 
 # %% [markdown]
-# The PyTorch way to diagnose it: compare the labels' range with the number of outputs **before** the loss.
-# `explain()` recognises both forms of the message and sends you here.
+# The fix starts with a check you write once and run **before** the loss (and once over the whole dataset):
+# every label must lie in `0 .. num_classes - 1`. One exception: `-100` is `cross_entropy`'s default
+# `ignore_index`, skipped on purpose; any other negative label raises like the 10 above. `explain()` recognises
+# both forms of the message and sends you here.
 
 # %%
-num_classes = classifier_head(features_10).shape[1]
-print(f"labels run {labels_from_1.min().item()}..{labels_from_1.max().item()}; the model has {num_classes} outputs")
-assert labels_from_1.max().item() >= num_classes             # the diagnosis: a label with no output
-print("explain():", explain(out_of_range.value).id)
-assert explain(out_of_range.value).id == "device-side-assert"
+def check_labels(labels, num_classes, ignore_index=-100):
+    """Raise a ValueError naming the labels outside 0..num_classes-1 (ignore_index allowed)."""
+    used = labels[labels != ignore_index]
+    bad = used[(used < 0) | (used >= num_classes)]
+    if bad.numel():
+        raise ValueError(f"labels {sorted(set(bad.tolist()))} are outside 0..{num_classes - 1} "
+                         f"(labels run {used.min().item()}..{used.max().item()})")
+
+
+num_classes = ten_class_model(inputs).shape[1]
+try:
+    check_labels(labels_from_1, num_classes)
+except ValueError as error:
+    print("check_labels:", error)
+else:
+    raise AssertionError("check_labels let a label >= num_classes through")
+
+explanation = explain(out_of_range)
+print("explain():", explanation.id, "--", explanation.fix)
+assert explanation.id == "device-side-assert"
 assert explain("RuntimeError: CUDA error: device-side assert triggered").id == "device-side-assert"
 
-labels_from_0 = labels_from_1 - 1                            # the fix: number the classes from 0
-assert 0 <= labels_from_0.min() and labels_from_0.max() < num_classes
-fixed_loss = F.cross_entropy(classifier_head(features_10), labels_from_0)
+labels_from_0 = labels_from_1 - 1            # the fix here: number the classes from 0
+check_labels(labels_from_0, num_classes)     # (arbitrary class ids: torch.unique(ids, return_inverse=True))
+fixed_loss = F.cross_entropy(ten_class_model(inputs), labels_from_0)
 print("loss after the fix:", round(fixed_loss.item(), 4))
 assert torch.isfinite(fixed_loss)
 
@@ -1431,7 +1459,7 @@ check_mean_kept_output(mean_kept_output)
 # | deep ReLU network: loss stays at "predict the mean", output identical for all inputs | default init vanishes over depth: Kaiming init | §6, the three initialisations |
 # | a layer's weights barely change, no NaN | saturated activations from a bad initialisation: compare per-layer gradient norms | §6, saturated sigmoids |
 # | `RuntimeError: Function 'XBackward0' returned nan values` | `detect_anomaly` found the backward op | §6 |
-# | `CUDA error: device-side assert triggered`; on CPU `IndexError: Target 10 is out of bounds` | a label >= the number of outputs (classes numbered from 1), or negative: check `labels.min()`/`labels.max()` | §4, "A label out of range" |
+# | `CUDA error: device-side assert triggered`; on CPU `IndexError: Target N is out of bounds` | a label >= the number of outputs (classes numbered from 1), or negative (other than `ignore_index=-100`): check the labels' range before the loss | §4, "A label out of range" |
 # | `Expected all tensors to be on the same device` | model, input, target or a tensor created without `device=`: `check_devices` | §7 |
 # | `Tensor on device meta is not on the expected device cpu!` | the same mismatch, with the `meta` device | §7 |
 # | a constant stays on the CPU / is missing from the checkpoint | plain tensor attribute: `register_buffer` | §8 |
