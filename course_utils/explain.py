@@ -35,8 +35,7 @@ from urllib.parse import quote
 
 from course_utils._display import ReadableResult
 from course_utils.error_origin import (another_frameworks, file_system_or_pip, foreign_cpp, foreign_cuda, frames,
-                                      looks_like_pytorch,
-                                      origin, topic_of, vocabulary_area)
+                                      looks_like_pytorch, origin, topic_of, vocabulary_area)
 
 CHAPTERS = {1: "01_tensors_autograd.ipynb", 2: "02_data_and_modules.ipynb", 3: "03_debugging.ipynb",
             4: "04_checkpointing.ipynb", 5: "05_ddp_torchrun.ipynb", 6: "06_inference.ipynb"}
@@ -764,6 +763,7 @@ _OTHER_CUDA_WORDINGS = [(re.compile(r"\bcuda runtime error \(\d+\) ?: ?"), "CUDA
 
 
 def _in_cuda_words(text: str) -> str:
+    """The message with ROCm's and 1.x's CUDA wordings written as today's CUDA ones."""
     for pattern, replacement in _OTHER_CUDA_WORDINGS:
         text = pattern.sub(replacement, text)
     return text
