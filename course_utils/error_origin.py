@@ -298,6 +298,8 @@ class _Template:
         for piece in self.pieces:
             at = text.find(piece, position)
             if at < 0:        # the longest start of this piece (1.x: "... Call .contiguous() before .view().")
+                if found + len(piece) < PARTIAL_LITERAL:      # no start of it could count
+                    break
                 start = _longest_start(piece, text, position)
                 # a short start is often a phrase anyone writes ("failed to initialize", "too many values
                 # to unpack"): with the whole C++ tree indexed it claimed TensorFlow's and Python's words
@@ -768,15 +770,13 @@ def file_system_or_pip(text: str) -> bool:
     return bool(_PIP_OUTPUT.search(text) or _FILE_SYSTEM.search(error_text(text)))
 
 
-# other frameworks, converters and GPU libraries, by name or by a phrase only they print (TensorFlow's "2 root
-# error(s) found", the ONNX-TensorRT parser's "parseGraph")
-_OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cutorch|luarocks|cuml|cupy|numba|"
-                               r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
-                               r"coremltools|tf2onnx|ggml\w*|ollama)\b|\.lua\b|root error\(s\) found")
-
-
 # Lua Torch, PyTorch's predecessor: its paths say "torch" too ("torch/install/bin/luajit", "cutorch/lib/THC")
 _LUA_TORCH = re.compile(r"\.lua\b|\b(cutorch|luarocks|luajit)\b")
+# other frameworks, converters and GPU libraries, by name or by a phrase only they print (TensorFlow's "2 root
+# error(s) found", the ONNX-TensorRT parser's "parseGraph")
+_OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cuml|cupy|numba|"
+                               r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
+                               r"coremltools|tf2onnx|ggml\w*|ollama)\b|root error\(s\) found|" + _LUA_TORCH.pattern)
 
 
 def another_frameworks(text: str) -> bool:

@@ -248,8 +248,9 @@ RULES: list[Rule] = [
           "evaluate under torch.inference_mode()",
           3, "2. A real OOM, caught and retried",
           [r"CUDA out of memory", r"OutOfMemoryError", r"CUDA error\s?(\(2\))?\s?:\s?out of memory",
-           r"cuda runtime error \(2\)",
-           r"DefaultCPUAllocator: (can't allocate memory|not enough memory)", r"(HIP|MPS backend) out of memory",
+           r"cuda runtime error \(2\)",      # 1.x's code for out of memory, pasted without its words
+           # (ROCm's "HIP out of memory" arrives in CUDA's words: _in_cuda_words)
+           r"DefaultCPUAllocator: (can't allocate memory|not enough memory)", r"MPS backend out of memory",
            r"CUDA error: CUBLAS_STATUS_ALLOC_FAILED", r"unable to find an engine to execute this computation",
            r"Unable to find a valid cuDNN algorithm", r"no valid convolution algorithms available in CuDNN",
            r"posix_memalign failed", r"enforce fail at (CPUAllocator|alloc_cpu)\.cpp",
