@@ -616,7 +616,7 @@ _NO_GPU = (r"\b(CUDA|cuda|GPUs?|gpus?|[Aa]ccelerator)\b[\w ]{0,30}\b(is|are) not
            r"\b[Nn]o (CUDA|cuda|HIP|ROCm|XPU|NPU|TPU|XLA)[\w -]{0,20}\b(GPUs?|devices?)\b|\bonly be used on (CUDA|GPU)\b|"
            r"\bnot available (cuda|CUDA|GPU)|"
            r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b|"
-           r"\b[Nn]o supported (gpu|GPU|CUDA)\b")
+           r"\b[Nn]o supported (gpu|GPU|CUDA)\b|\bnot able to use (the )?GPU\b|\bCUDA unavailable\b")
 TOPICS: list[tuple[str, Area]] = [
     # a CUDA kernel's own assertion ("block: [0,0,0], thread: [31,0,0] Assertion `t >= 0` failed"): an index
     (r"device-side assert triggered|\b[Dd]evice-side assertion\b|"
@@ -655,7 +655,10 @@ TOPICS: list[tuple[str, Area]] = [
     # (MPS: a buffer larger than the GPU may hold, in PyTorch's and in Apple's MPSNDArray's words)
     (r"\b(out of memory|OutOfMemoryError|ALLOC_FAILED|can't allocate memory|not enough memory)|OUT_OF_RESOURCES\b|"
      r"\bInvalid buffer size\b|\btotal bytes of NDArray\b|\bbuffer is not large enough\b|larger than INT_MAX\b|"
-     r"\bRESOURCE_EXHAUSTED: Ran out of memory\b",                 # (XLA's, on a TPU)
+     r"\bRESOURCE_EXHAUSTED: Ran out of memory\b|"                 # (XLA's, on a TPU)
+     # the wrappers' own words for it: DeepSpeed's allocator cache flushes under "memory pressure", accelerate's
+     # batch-size search after every size ran out, ComfyUI's "Allocation on device"
+     r"\bmemory pressure\b|\bNo executable batch size found\b|\bAllocation on device\b",
      _low("memory")),
     # the launcher passes --local-rank (torch.distributed.launch) to a script that does not parse it
     (r"--local[-_]rank\b",
@@ -668,7 +671,9 @@ TOPICS: list[tuple[str, Area]] = [
      r"\bddp(_\w+)?\b|\bdistributed (mode|training|environment)\b|"
      r"\b(spawn|create) (new )?processes\b|\bnumber of processes\b",
      _low("distributed")),
-    (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision)\b|autocast)|\w*Half(Tensor|Type)\b",
+    (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision|tf32)\b|autocast)|\w*Half(Tensor|Type)\b|"
+     # a dynamic loss scale (GradScaler's, DeepSpeed's, fairseq's) halving on overflow; cuBLAS's 16-bit types
+     r"(?i:\bloss[ _]scale\b)|\bOVERFLOW! Rank\b|\bCUDA_R_16B?F\b",
      _low("amp")),
     (r"\bon different (GPUs|devices)\b|\bnot an XLA tensor\b|\((cpu|xla) vs\. (cpu|xla)\)|\bto have the same device\b|\bmust be on the same device\b|"
      r"\b(cuda|CUDA|GPU)\w*\b.{0,120}\b(cpu|CPU)\b|\b(cpu|CPU)\b.{0,120}\b(cuda|CUDA|GPU)|\bmps\b|\bMPS\b|"
@@ -691,7 +696,7 @@ TOPICS: list[tuple[str, Area]] = [
      r"\binput and target\b|\b\d+D target tensor|\bmulti-target\b",
      _low("loss")),
     (r"\b(NVIDIA driver|device ordinal|CUDA_VISIBLE_DEVICES|no CUDA GPUs|CUDA driver|compiled with CUDA|"
-     r"CUDA is not available)|"
+     r"CUDA is not available)|(?i:\bwhich is of (cuda|compute) capability\b)|"
      # another accelerator's runtime failing to set or count its devices (Ascend's aclrtGetDeviceCount, SYCL's)
      r"[Ss]etDevice\b|GetDevice(Count)?\b|DEVICE_NOT_FOUND\b",
      _low("cuda")),
@@ -705,6 +710,10 @@ TOPICS: list[tuple[str, Area]] = [
      _low("torchscript")),
     (r"\b(ONNX|onnx|opset|onnxruntime|ONNXRuntime)",
      _low("onnx")),
+    # load_state_dict's result (`_IncompatibleKeys(missing_keys=[...], unexpected_keys=[...])`), and the loaders that
+    # skip a parameter whose shape differs ("(80, 256) in the checkpoint but (227, 256) in the model")
+    (r"\b_IncompatibleKeys\b|\b(missing|unexpected)_keys\b|\bin the checkpoint but\b.{0,60}\bin the model\b",
+     _low("state-dict")),
     (r"\b(state_dict|(?<!utils\.)checkpoint|[Uu]npickl\w*|torch\.load|torch\.save|map_location|weights_only|safetensors\w*|"
      r"SafetensorError|deserializing header|\bmeta tensors?\b|Can't get attribute '\w+' on <module|"
      r"zip archive|central directory)|PytorchStreamReader|inline_container",
@@ -739,7 +748,9 @@ def error_text(text: str) -> str:
 # PyTorch's names: the package, its C++ namespaces and libraries, and names of its API and messages that
 # other frameworks do not use (a `state_dict`, a `grad_fn`, `cuda:0`, the caching allocator's "total capacity")
 _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\b|\bCUBLAS_|\bNCCL\b|"
-                            r"\bRuntimeError\b|\b(nccl|gloo|HCCL|torch_npu|torch_xla|XLA tensor|NPU function error|MPSNDArray|MPSGraph|ScalarType|tensorboardX|FSDP|FullyShardedDataParallel|"
+                            r"\bRuntimeError\b|\bNCCL_[A-Z_]+\b|\b(_IncompatibleKeys|missing_keys|unexpected_keys)\b|"
+                            r"\bpytorch (checkpoint|allocator)\b|PyTorch no longer supports this GPU|\b(fvcore|detectron2|fairseq)\b|"
+                            r"\b(nccl|gloo|HCCL|torch_npu|torch_xla|XLA tensor|NPU function error|MPSNDArray|MPSGraph|ScalarType|tensorboardX|FSDP|FullyShardedDataParallel|"
                             r"FlatParameter|state_dict|grad_fn|requires_grad|map_location|DataLoader|torchrun|"
                             r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|"
                             r"BackendCompilerFailed|num_workers)\b|"
@@ -796,6 +807,17 @@ _CUDA_LIBRARY_STRINGS = re.compile(r"no CUDA-capable device is detected|invalid 
 _PYTORCH_CUDA_FRAMING = re.compile(r"\bCUDA error: |\bcuda runtime error \(\d+\)|\bTHCudaCheck FAIL|\bCUDA driver error\b|"
                                    r"\bCUDA call failed lazily|\bCUDA initialization\b|CUDA kernel errors might be|"
                                    r"\bCUDA_LAUNCH_BLOCKING\b|\bTORCH_USE_CUDA_DSA\b")
+
+
+# Python's own pickle (or joblib, NumPy) called by the user's code: an "invalid load key" or "Ran out of input" there
+# is a file that is not what that code expected, not a PyTorch checkpoint (multiprocessing's spawn unpickles its
+# process object with `reduction.pickle.load`: that is the DataLoader's workers starting)
+_PLAIN_PICKLE = re.compile(r"(?<!reduction\.)\b(c?pickle|_pickle|joblib|np|numpy)\.loads?\(")   # (not spawn's)
+
+
+def plain_pickle(text: str) -> bool:
+    """The traceback shows Python's pickle (joblib, NumPy) loading the file, and nothing of PyTorch's."""
+    return bool(_PLAIN_PICKLE.search(text)) and not _PYTORCH_WORDS.search(text.replace("RuntimeError", ""))
 
 
 def foreign_cuda(text: str) -> bool:

@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 from course_utils._display import ReadableResult
 from course_utils.error_origin import (another_frameworks, file_system_or_pip, foreign_cpp, foreign_cuda, frames,
-                                      looks_like_pytorch, origin, topic_of, vocabulary_area)
+                                      looks_like_pytorch, origin, plain_pickle, topic_of, vocabulary_area)
 
 CHAPTERS = {1: "01_tensors_autograd.ipynb", 2: "02_data_and_modules.ipynb", 3: "03_debugging.ipynb",
             4: "04_checkpointing.ipynb", 5: "05_ddp_torchrun.ipynb", 6: "06_inference.ipynb"}
@@ -787,7 +787,7 @@ def explain(error: BaseException | str) -> Explanation | None:
     placement by where in PyTorch it was raised (`course_utils.error_origin`); None for a message that is
     not PyTorch's, or comes from a part of PyTorch no chapter teaches."""
     text = _in_cuda_words(normalise(_message(error)))
-    if foreign_cpp(text) or another_frameworks(text) or foreign_cuda(text):
+    if foreign_cpp(text) or another_frameworks(text) or foreign_cuda(text) or plain_pickle(text):
         return None
     for rule in RULES:
         if rule.matches(text):

@@ -514,3 +514,36 @@ def test_pythons_own_index_error_and_installation_messages_are_not_placed():
     assert explain("A module that was compiled using NumPy 1.x cannot be run in NumPy 2.0.0 as it may crash.\n"
                    '  File "/env/lib/python3.10/site-packages/torch/__init__.py", line 1477, in <module>') is None
     assert explain("FileNotFoundError: [Errno 2] No such file or directory: 'checkpoints/model.pth'") is None
+
+
+def test_the_wrappers_own_reports_of_a_pytorch_failure_name_its_subject():
+    # tuning-12: DeepSpeed's and fairseq's loss scaler, accelerate's batch-size search, ComfyUI's and DeepSpeed's
+    # memory words, load_state_dict's result printed, a loader skipping a shape, a GPU too old for the build
+    cases = {"[2024-09-11 17:52:18,030] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 "
+             "Skipping step. Attempted loss scale: 4294967296, reducing to 2147483648": 6,
+             "RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx( handle, opa, opb, m, "
+             "n, k, &falpha, a, CUDA_R_16F, lda, b, CUDA_R_16F, ldb, &fbeta, c, CUDA_R_16F, ldc, CUDA_R_32F)`": 6,
+             "RuntimeError: No executable batch size found, reached zero.": 3,
+             "[WARNING] [stage3.py:1939:step] 13 pytorch allocator cache flushes since last step. this happens when "
+             "there is high memory pressure and is detrimental to performance.": 3,
+             "_IncompatibleKeys(missing_keys=['head.weight', 'head.bias'], unexpected_keys=['fc.weight'])": 4,
+             "WARNING [08/10 20:00:25 fvcore.common.checkpoint]: Skip loading parameter 'head.weight' to the model "
+             "due to incompatible shapes: (80, 256) in the checkpoint but (227, 256) in the model!": 4,
+             "Found GPU0 NVIDIA GTX TITAN Black which is of cuda capability 3.5. PyTorch no longer supports this GPU "
+             "because it is too old. The minimum cuda capability supported by this library is 3.7.": 1,
+             "RuntimeError: Torch is not able to use GPU; add --skip-torch-cuda-test to COMMANDLINE_ARGS variable "
+             "to disable this check": 1}
+    for message, chapter in cases.items():
+        got = explain(message)
+        assert got is not None and got.chapter == chapter and got.confidence == "low", message
+    # Triton's own minimum (torch.compile's backend) stays torch.compile's, not the device's
+    triton = explain("RuntimeError: Found NVIDIA GeForce GTX 1080 which is too old to be supported by the triton GPU "
+                     "compiler, which is used as the backend. Triton only supports devices of CUDA Capability >= 7.0")
+    assert triton is not None and triton.chapter == 6
+
+
+def test_an_unpickling_error_from_pythons_own_pickle_is_not_a_checkpoints():
+    plain = ("UnpicklingError                           Traceback (most recent call last)\n"
+             "----> 2     X = pickle.load(f)\nUnpicklingError: invalid load key, '\\x0a'.")
+    assert explain(plain) is None
+    assert explain(plain.replace("pickle.load(f)", "torch.load(f)")).id == "corrupt-checkpoint"
