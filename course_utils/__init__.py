@@ -18,6 +18,7 @@ from course_utils.distributed import (TorchrunFailed, TorchrunResult, count_allr
                                       still_running, worker_pids)
 from course_utils.environment import DoctorReport, cpp_compiler, doctor, hardware_summary, idle_cores
 from course_utils.exercises import Progress, Verdict, exercise, progress, solutions_in_place
+from course_utils.exercises.broken_project import *  # noqa: F403  (check_* of chapter 7)
 from course_utils.exercises.checkpointing import *  # noqa: F403  (check_* of chapter 4)
 from course_utils.exercises.data_and_modules import *  # noqa: F403  (check_* of chapter 2)
 from course_utils.exercises.ddp_torchrun import *  # noqa: F403  (check_* of chapter 5)

@@ -32,10 +32,12 @@
 # **How to work.** Open the files in JupyterLab's file browser (`broken_project/`), edit, save, and run the
 # stage's check cell again. `bp.reset(folder)` gives you the broken project back at any time. Each check
 # runs the project's own scripts in fresh processes, as you would from a terminal, and says what it observed.
+# Section 7 then has you write four of `diagnose`'s probes yourself, in plain PyTorch.
 #
-# **Run All:** 60 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 51 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
+import functools
 import importlib.util
 import json
 import math
@@ -46,7 +48,8 @@ import torch
 from torch import nn
 
 from course_utils import broken_project as bp
-from course_utils import explain, hardware_summary, progress
+from course_utils import (check_accuracy_restoring_modes, check_leaks_gradients, check_outputs_are_probabilities,
+                          check_parameters_left_out, exercise, explain, hardware_summary, progress)
 from course_utils.exercises import solutions_in_place
 
 print(hardware_summary())
@@ -336,4 +339,130 @@ if solved_all or solutions_in_place():
         print(f"{bug.id:32s} {bug.chapter:7d}  {bug.file:10s} {bug.found_by}")
 else:
     print(f"{sum(r.passed for r in (stage1, stage2, stage3, stage4))} of 4 stages pass; the list appears when all do.")
+
+# %% [markdown]
+# ## 7. Exercises: the probes `diagnose` runs, written by hand
+#
+# `diagnose` is not magic: it installs PyTorch's own hooks before the script runs and reads what they see.
+# On the next project there may be no tool, so write four of its probes yourself, in plain PyTorch. Each is
+# **real code with planted bugs** (the text says how many); fix the code in the cell and run it. The check runs
+# your function on models and training steps of its own — not the project's — and says what it *observed*;
+# each further failed attempt adds one hint, mildest first. The hooks you need:
+#
+# - `torch.nn.modules.module.register_module_forward_hook(hook)` calls `hook(module, args, output)` after every
+#   `module(...)` call of every model — registered or not, so also the blocks of §2.2 held in a plain list —
+#   until you call `.remove()` on the handle it returns (`torch.optim.optimizer.register_optimizer_step_post_hook`
+#   does the same for every optimizer: what `diagnose` uses, since it does not hold the script's optimizer);
+# - `tensor.register_hook(hook)` on a parameter calls `hook(grad)` when a backward pass brings it a new
+#   gradient, *before* that gradient is added into `.grad` (so `.grad` still holds what was there). Return
+#   nothing from it: a tensor it returns replaces the gradient;
+# - `optimizer.register_step_post_hook(hook)` calls `hook(optimizer, args, kwargs)` after every
+#   `optimizer.step()` of that optimizer. Every `register_*` returns a handle to remove.
+#
+# A hook left installed keeps running. The check removes what your function leaves behind; if you call a
+# function that leaves a global hook yourself, outside the check, restart the kernel (Kernel → Restart).
+#
+# **Exercise 5 — parameters that run but never learn (there are 3 bugs).** `parameters_left_out(model,
+# optimizer, x)` runs `model(x)` once and returns every parameter (the tensor itself) that requires a gradient,
+# belongs to a module that ran, and that `optimizer` does not hold: each once, in any order. It changes no
+# parameter and leaves no hook behind. This is `param-not-in-optimizer` in §2.3's table. The check tries blocks
+# in a plain list, an optimizer with two parameter groups, an optimizer given only the head, and a backbone
+# frozen with `requires_grad_(False)` (not a bug: nothing to report).
+
+# %%
+@exercise
+def parameters_left_out(model, optimizer, x):
+    held = list(optimizer.param_groups[0]["params"])
+    left_out = []
+
+    def record(module, args, output):          # after every module(...) call, of any model
+        for p in module.parameters(recurse=False):
+            if p.requires_grad and p not in held and p not in left_out:
+                left_out.append(p)
+
+    torch.nn.modules.module.register_module_forward_hook(record)
+    with torch.no_grad():
+        model(x)
+    return left_out
+
+
+check_parameters_left_out(parameters_left_out)
+
+# %% [markdown]
+# **Exercise 6 — gradients that leak into the next step (there are 3 bugs).** `leaks_gradients(train_step,
+# model, optimizer, batches)` calls `train_step(batch)` for each batch and returns `True` when a backward pass
+# adds its gradient onto one that an optimizer step has already used — a missing `zero_grad`, chapter 1 §5 —
+# and `False` otherwise. Gradient accumulation on purpose (chapter 2 §7: several backward passes, then one
+# step, then `zero_grad`) is not a leak, and neither is `zero_grad(set_to_none=False)`. It leaves no hook
+# behind. The check tries five ways of writing a step, with SGD and with Adam.
+
+# %%
+@exercise
+def leaks_gradients(train_step, model, optimizer, batches):
+    stepped = set()                            # ids of the parameters an optimizer step has used
+    leaked = False
+
+    def after_step(optimizer, args, kwargs):
+        stepped.update(id(p) for group in optimizer.param_groups for p in group["params"])
+
+    def on_gradient(p, grad):                  # runs before the new gradient is added into p.grad
+        nonlocal leaked
+        if id(p) in stepped and p.grad is not None:
+            leaked = True                      # a step used what is still there
+
+    handles = [p.register_hook(functools.partial(on_gradient, p)) for p in model.parameters()]
+    optimizer.register_step_post_hook(after_step)
+    try:
+        for batch in batches:
+            train_step(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return leaked
+
+
+check_leaks_gradients(leaks_gradients)
+
+# %% [markdown]
+# **Exercise 7 — an evaluation that changes the model (there are 3 bugs).** `accuracy_restoring_modes(model,
+# loader)` returns, as a Python float, the fraction of samples whose largest logit (`(N, C)` logits) is the
+# label, computed in eval mode without recording a graph (chapter 2 §8), and leaves **each module** in the mode
+# it found it: the project's `evaluate` left the model in eval mode for the rest of training
+# (`eval-mode-training`). The check tries a model in training mode, one in eval mode, and one fine-tuned with
+# its BatchNorm backbone kept in eval mode while the head trains.
+
+# %%
+@exercise
+def accuracy_restoring_modes(model, loader):
+    model.eval()
+    correct = total = 0
+    for images, labels in loader:
+        predictions = model(images).argmax(dim=0)
+        correct += (predictions == labels).sum().item()
+        total += len(labels)
+    model.train()
+    return correct / total
+
+
+check_accuracy_restoring_modes(accuracy_restoring_modes)
+
+# %% [markdown]
+# **Exercise 8 — probabilities where the loss wants logits (there are 3 bugs).** `outputs_are_probabilities(model,
+# x)` returns `True` when every row of `model(x)` is a probability distribution — no negative entry, sums to 1
+# within 1e-4 — and `False` otherwise. That is what `nn.CrossEntropyLoss` must **not** be given: it applies
+# `log_softmax` itself (chapter 3 §5), so a softmax before it squashes the scores and training stalls
+# (`double-softmax`). The check tries eight heads (logits, softmax, log-softmax, sigmoid, ...; float32 and
+# float64) on batches of 64 and of 1.
+
+# %%
+@exercise
+def outputs_are_probabilities(model, x):
+    with torch.no_grad():
+        probabilities = model(x).softmax(dim=1)
+    return bool((probabilities >= 0).all() and probabilities.sum() == 1)
+
+
+check_outputs_are_probabilities(outputs_are_probabilities)
+
+# %%
 progress(chapter=7)
