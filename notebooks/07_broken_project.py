@@ -34,7 +34,7 @@
 # runs the project's own scripts in fresh processes, as you would from a terminal, and says what it observed.
 # Section 7 then has you write four of `diagnose`'s probes yourself, in plain PyTorch.
 #
-# **Run All:** 51 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 63 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 
 # %%
 import functools
@@ -351,8 +351,9 @@ else:
 #
 # - `torch.nn.modules.module.register_module_forward_hook(hook)` calls `hook(module, args, output)` after every
 #   `module(...)` call of every model — registered or not, so also the blocks of §2.2 held in a plain list —
-#   until you call `.remove()` on the handle it returns (`torch.optim.optimizer.register_optimizer_step_post_hook`
-#   does the same for every optimizer: what `diagnose` uses, since it does not hold the script's optimizer);
+#   until you call `.remove()` on the handle it returns (`register_optimizer_step_post_hook`, imported from
+#   `torch.optim.optimizer`, does the same for every optimizer: what `diagnose` uses, since it does not hold the
+#   script's optimizer);
 # - `tensor.register_hook(hook)` on a parameter calls `hook(grad)` when a backward pass brings it a new
 #   gradient, *before* that gradient is added into `.grad` (so `.grad` still holds what was there). Return
 #   nothing from it: a tensor it returns replaces the gradient;
@@ -362,11 +363,11 @@ else:
 # A hook left installed keeps running. The check removes what your function leaves behind; if you call a
 # function that leaves a global hook yourself, outside the check, restart the kernel (Kernel → Restart).
 #
-# **Exercise 5 — parameters that run but never learn (there are 3 bugs).** `parameters_left_out(model,
+# **Exercise 5 — parameters that run but never learn (there are 3 bugs, one of them in two places).** `parameters_left_out(model,
 # optimizer, x)` runs `model(x)` once and returns every parameter (the tensor itself) that requires a gradient,
 # belongs to a module that ran, and that `optimizer` does not hold: each once, in any order. It changes no
 # parameter and leaves no hook behind. This is `param-not-in-optimizer` in §2.3's table. The check tries blocks
-# in a plain list, an optimizer with two parameter groups, an optimizer given only the head, and a backbone
+# in a plain list (one of them applied twice), an optimizer with two parameter groups, an optimizer given only the head, and a backbone
 # frozen with `requires_grad_(False)` (not a bug: nothing to report).
 
 # %%
@@ -394,7 +395,8 @@ check_parameters_left_out(parameters_left_out)
 # adds its gradient onto one that an optimizer step has already used — a missing `zero_grad`, chapter 1 §5 —
 # and `False` otherwise. Gradient accumulation on purpose (chapter 2 §7: several backward passes, then one
 # step, then `zero_grad`) is not a leak, and neither is `zero_grad(set_to_none=False)`. It leaves no hook
-# behind. The check tries five ways of writing a step, with SGD and with Adam.
+# behind. This is `grad-not-cleared` in §2.3's table. The check tries six ways of writing a step, with SGD and
+# with Adam.
 
 # %%
 @exercise
@@ -451,7 +453,7 @@ check_accuracy_restoring_modes(accuracy_restoring_modes)
 # x)` returns `True` when every row of `model(x)` is a probability distribution — no negative entry, sums to 1
 # within 1e-4 — and `False` otherwise. That is what `nn.CrossEntropyLoss` must **not** be given: it applies
 # `log_softmax` itself (chapter 3 §5), so a softmax before it squashes the scores and training stalls
-# (`double-softmax`). The check tries eight heads (logits, softmax, log-softmax, sigmoid, ...; float32 and
+# (`double-softmax`). The check tries nine heads (logits, softmax, log-softmax, sigmoid, ...; float32 and
 # float64) on batches of 64 and of 1.
 
 # %%

@@ -10,6 +10,7 @@ import functools
 import pytest
 import torch
 from torch.nn.modules import module as module_hooks
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from course_utils.exercises import reference
 from course_utils.exercises.broken_project import (check_accuracy_restoring_modes, check_leaks_gradients,
@@ -57,9 +58,23 @@ LEFT_OUT_WRONG = {
     "parameters of modules that never ran (recursing from a module that ran)":
         _left_out(all_groups=True, by_identity=True, remove_hook=True, recurse=True),
     "returns every parameter that ran": lambda model, optimizer, x: list(model.parameters()),
+    "a parameter once per call of its module": lambda model, optimizer, x: _once_per_call(model, optimizer, x),
     "right, through a forward pre-hook it never removes": lambda model, optimizer, x: _with_pre_hook_left(
         model, optimizer, x),
 }
+
+
+def _once_per_call(model, optimizer, x):
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    found = []
+    handle = module_hooks.register_module_forward_hook(lambda module, args, output: found.extend(
+        p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in held))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        handle.remove()
+    return found
 
 
 def _with_pre_hook_left(model, optimizer, x):
@@ -118,7 +133,7 @@ def _leaks(*, nonzero: bool, after_step: bool, clear_mark: bool = True, remove_s
 def _leaks_global_hook(train_step, model, optimizer, batches):
     """Right, except that it watches every optimizer through a global hook and never removes it."""
     stepped, leaked = set(), [False]
-    torch.optim.optimizer.register_optimizer_step_post_hook(
+    register_optimizer_step_post_hook(
         lambda opt, args, kwargs: stepped.update(id(p) for g in opt.param_groups for p in g["params"]))
 
     def on_gradient(p, grad):
@@ -157,9 +172,42 @@ LEAKS_WRONG = {
 }
 
 
+def _leaks_by_counting_calls(train_step, model, optimizer, batches):
+    """Counts optimizer.step() calls between optimizer.zero_grad() calls: blind to model.zero_grad()."""
+    steps, leaked = [0], [False]
+    step, zero_grad = optimizer.step, optimizer.zero_grad
+
+    def counted_step(*args, **kwargs):
+        steps[0] += 1
+        leaked[0] |= steps[0] > 1
+        return step(*args, **kwargs)
+
+    def counted_zero_grad(*args, **kwargs):
+        steps[0] = 0
+        return zero_grad(*args, **kwargs)
+    optimizer.step, optimizer.zero_grad = counted_step, counted_zero_grad
+    try:
+        for batch in batches:
+            train_step(batch)
+    finally:
+        optimizer.step, optimizer.zero_grad = step, zero_grad
+    return leaked[0]
+
+
+LEAKS_WRONG["counts steps between optimizer.zero_grad() calls"] = _leaks_by_counting_calls
+
+
 @pytest.mark.parametrize("wrong", LEAKS_WRONG.values(), ids=LEAKS_WRONG.keys())
 def test_leaks_gradients_rejects(wrong, learner):
     assert not check_leaks_gradients(wrong)
+
+
+def test_a_global_optimizer_hook_left_behind_is_named_and_removed(learner):
+    from torch.optim import optimizer as optimizer_hooks
+    before = dict(optimizer_hooks._global_optimizer_post_hooks)
+    verdict = check_leaks_gradients(_leaks_global_hook)
+    assert not verdict and "global (the check removed them)" in str(verdict)
+    assert dict(optimizer_hooks._global_optimizer_post_hooks) == before
 
 
 def test_leaks_gradients_accepts(learner):
@@ -197,6 +245,10 @@ ACCURACY_WRONG = {
     "never switched to eval mode": _accuracy(dim=1, restore="never eval", grad_off=True),
     "a 0-d tensor, not a float": lambda model, loader: torch.tensor(
         _accuracy(dim=1, restore="each module", grad_off=True)(model, loader)),
+    "grad mode switched off for good": lambda model, loader: (torch.set_grad_enabled(False), _accuracy(
+        dim=1, restore="each module", grad_off=True)(model, loader))[1],
+    "parameters frozen for good": lambda model, loader: (model.requires_grad_(False), _accuracy(
+        dim=1, restore="each module", grad_off=True)(model, loader))[1],
     "a count instead of a fraction": lambda model, loader: _accuracy(dim=1, restore="each module", grad_off=True)(
         model, loader) * 100,
 }
@@ -205,6 +257,7 @@ ACCURACY_WRONG = {
 @pytest.mark.parametrize("wrong", ACCURACY_WRONG.values(), ids=ACCURACY_WRONG.keys())
 def test_accuracy_restoring_modes_rejects(wrong, learner):
     assert not check_accuracy_restoring_modes(wrong)
+    assert torch.is_grad_enabled(), "the check must switch autograd back on"
 
 
 def test_accuracy_restoring_modes_accepts(learner):
@@ -243,6 +296,11 @@ PROBABILITIES_WRONG = {
     "per row, exact": _probabilities(softmax_first=False, per_row=True, tolerance=False, non_negative=True),
     "sums only, negatives allowed": _probabilities(softmax_first=False, per_row=True, tolerance=True,
                                                    non_negative=False),
+    "the batch sums to its length": lambda model, x: bool(abs(model(x).sum().item() - len(x)) < 1e-3
+                                                          and (model(x) >= 0).all()),
+    "the rows' mean sum is 1": lambda model, x: bool(abs(model(x).sum(1).mean().item() - 1) < 1e-4
+                                                     and (model(x) >= 0).all()),
+    "the first row only": lambda model, x: bool(abs(model(x)[0].sum().item() - 1) < 1e-4 and (model(x) >= 0).all()),
 }
 
 

@@ -53,33 +53,39 @@ _GLOBAL_HOOKS = [  # PyTorch's registries of global hooks (private: only the lea
 
 class _HooksLeft:
     """Counts the hooks a call leaves installed, globally and on `tensors` and `optimizers`, and removes
-    the global ones afterwards (left in place, they would run on every model of the learner's kernel)."""
+    the global ones afterwards (left in place, they would run on every model of the learner's kernel).
+    `where` says in words where they were left ("" when none was)."""
 
     def __init__(self, tensors: Iterable[torch.Tensor] = (), optimizers: Iterable[torch.optim.Optimizer] = ()):
         self.tensors, self.optimizers = list(tensors), list(optimizers)
 
-    def _count(self) -> dict[str, int]:
-        local = {f"tensor {i}": len(t._backward_hooks or {}) + len(getattr(t, "_post_accumulate_grad_hooks", None) or {})
-                 for i, t in enumerate(self.tensors)}
-        local |= {f"optimizer {i}": len(o._optimizer_step_pre_hooks) + len(o._optimizer_step_post_hooks)
-                  for i, o in enumerate(self.optimizers)}
-        return local
+    def _count(self) -> tuple[int, int]:
+        on_tensors = sum(len(t._backward_hooks or {}) + len(getattr(t, "_post_accumulate_grad_hooks", None) or {})
+                         for t in self.tensors)
+        on_optimizers = sum(len(o._optimizer_step_pre_hooks) + len(o._optimizer_step_post_hooks)
+                            for o in self.optimizers)
+        return on_tensors, on_optimizers
 
     def __enter__(self) -> _HooksLeft:
         self.before = [set(registry) for registry in _GLOBAL_HOOKS]
         self.local_before = self._count()
-        self.left = 0
+        self.left, self.where = 0, ""
         return self
 
     def __exit__(self, *exc) -> None:
-        self.left = sum(max(0, n - self.local_before[key]) for key, n in self._count().items())
+        tensors, optimizers = (max(0, n - m) for n, m in zip(self._count(), self.local_before))
+        global_ = 0
         for registry, before in zip(_GLOBAL_HOOKS, self.before):
             for key in set(registry) - before:
                 del registry[key]
-                self.left += 1
+                global_ += 1
                 for extra in (module_hooks._global_forward_hooks_always_called,
                               module_hooks._global_forward_hooks_with_kwargs):
                     extra.pop(key, None)
+        self.left = tensors + optimizers + global_
+        self.where = ", ".join(f"{n} {place}" for n, place in ((tensors, "on the parameters"),
+                                                               (optimizers, "on the optimizer"),
+                                                               (global_, "global (the check removed them)")) if n)
 
 
 # --- exercise 1: parameters that run but are never updated --------------------------------------
@@ -104,7 +110,8 @@ def _parameters_left_out(model: nn.Module, optimizer: torch.optim.Optimizer, x: 
 
 
 class _Listed(nn.Module):
-    """The project's bug: two blocks in a plain list (they run, but are not registered), a head that is."""
+    """The project's bug: two blocks in a plain list (they run, but are not registered), a head that is; the
+    second block is applied twice (one module at two depths, as weight sharing does)."""
 
     def __init__(self):
         super().__init__()
@@ -112,7 +119,7 @@ class _Listed(nn.Module):
         self.head = nn.Linear(12, 3)
 
     def forward(self, x):
-        for block in self.blocks:
+        for block in (self.blocks[0], self.blocks[1], self.blocks[1]):
             x = block(x)
         return self.head(x)
 
@@ -142,7 +149,7 @@ def _left_out_cases() -> list[tuple[str, nn.Module, torch.optim.Optimizer, dict[
     frozen.backbone.requires_grad_(False)
     trainable = [p for p in frozen.parameters() if p.requires_grad]
     cases = [
-        ("blocks held in a plain list, optimizer given model.parameters()", listed,
+        ("blocks held in a plain list (the second applied twice), optimizer given model.parameters()", listed,
          torch.optim.SGD(listed.parameters(), lr=0.1)),
         ("every parameter in the optimizer, in two groups (the head at a higher learning rate)", groups,
          torch.optim.SGD([{"params": groups.backbone.parameters()},
@@ -181,9 +188,9 @@ def check_parameters_left_out(fn: Callable) -> Verdict:
         if got is None:
             return report_check(name, False, None, hints)
         if hooks.left:
-            return report_check(name, False, f"{description}: after your function returned, {hooks.left} global "
-                                "hook(s) were still installed (they would run on every module of every model "
-                                "from then on; the check removed them)", hints)
+            return report_check(name, False, f"{description}: after your function returned, hooks were still "
+                                f"installed: {hooks.where} (a global one runs on every module of every model from "
+                                "then on)", hints)
         if not all(torch.equal(p, q) for p, q in zip(model.parameters(), before)):
             return report_check(name, False, f"{description}: a parameter changed during your function", hints)
         if isinstance(got, torch.Tensor) or not isinstance(got, Iterable):
@@ -254,6 +261,10 @@ def _training_steps(kind: str, model: nn.Module, optimizer: torch.optim.Optimize
             optimizer.zero_grad()
             loss_of(batch).backward()
             optimizer.step()
+        elif kind == "model.zero_grad() first":
+            model.zero_grad()
+            loss_of(batch).backward()
+            optimizer.step()
         elif kind == "no zero_grad":
             loss_of(batch).backward()
             optimizer.step()
@@ -272,6 +283,7 @@ def _training_steps(kind: str, model: nn.Module, optimizer: torch.optim.Optimize
 
 STEP_CASES = {  # how the step is written -> does it leak gradients?
     "zero_grad first": False,
+    "model.zero_grad() first": False,
     "no zero_grad": True,
     "zero_grad(set_to_none=False) after the step": False,
     "accumulating 2 micro-batches per step, then zero_grad": False,
@@ -284,7 +296,7 @@ def check_leaks_gradients(fn: Callable) -> Verdict:
     returns True when a backward pass adds its gradient onto one an optimizer step already used (a
     missing `zero_grad`), False otherwise: gradient accumulation on purpose and
     `zero_grad(set_to_none=False)` are not leaks. It leaves no hook on the parameters, the optimizer or
-    anywhere else. Checked on five training steps with SGD (momentum) and with Adam."""
+    anywhere else. Checked on six training steps with SGD (momentum) and with Adam."""
     name = "leaks_gradients"
     hints = ["every `register_*` returns a handle: remove each one, the optimizer's too",
              "`zero_grad(set_to_none=False)` leaves `p.grad` a tensor of zeros, not None",
@@ -301,9 +313,8 @@ def check_leaks_gradients(fn: Callable) -> Verdict:
             if got is None:
                 return report_check(name, False, None, hints)
             if hooks.left:
-                return report_check(name, False, f"for a step written '{kind}': {hooks.left} hook(s) were still "
-                                    "installed (on the parameters, the optimizer or globally) after your function "
-                                    "returned", hints)
+                return report_check(name, False, f"for a step written '{kind}': after your function returned, "
+                                    f"hooks were still installed: {hooks.where}", hints)
             if not isinstance(got, bool):
                 return report_check(name, False, f"it returned {type(got).__name__} {got!r}, expected True or "
                                     "False (`bool(...)` turns a one-element tensor into one)", hints)
@@ -375,17 +386,32 @@ def check_accuracy_restoring_modes(fn: Callable) -> Verdict:
         modes = [m.training for m in model.modules()]
         expected = _accuracy_restoring_modes(copy.deepcopy(model), batches)
         statistics = model[1].running_mean.clone()
-        recorded = []
+        recorded, grad_mode = [], torch.is_grad_enabled()
+        trainable = [p.requires_grad for p in model.parameters()]
         handle = model.register_forward_hook(lambda m, args, out: recorded.append(out.requires_grad))
         try:
             try:
-                got = fn(model, batches)
+                with _HooksLeft() as hooks:
+                    got = fn(model, batches)
             finally:
                 handle.remove()
+                grad_mode_after = torch.is_grad_enabled()
+                torch.set_grad_enabled(grad_mode)
         except Exception as error:  # the learner's code: report it, never crash
             return report_check(name, False, f"{description}: {_raised(error)}", hints)
         if got is None:
             return report_check(name, False, None, hints)
+        if hooks.left:
+            return report_check(name, False, f"{description}: after your function returned, hooks were still "
+                                f"installed: {hooks.where}", hints)
+        if grad_mode_after != grad_mode:
+            return report_check(name, False, f"{description}: afterwards autograd was switched off for the whole "
+                                "program (the check switched it back on): a `with` block ends what it starts", hints)
+        if [p.requires_grad for p in model.parameters()] != trainable:
+            for p, flag in zip(model.parameters(), trainable):
+                p.requires_grad_(flag)
+            return report_check(name, False, f"{description}: afterwards some parameters no longer required a "
+                                "gradient: the training that follows would not update them", hints)
         changed = [f"model[{i - 1}]" if i else "model" for i, (m, was) in enumerate(zip(model.modules(), modes))
                    if m.training != was]
         if changed:
@@ -428,7 +454,14 @@ class _Head(nn.Module):
         return self.last(self.linear(x))
 
 
-PROBABILITY_CASES: Sequence[tuple[str, Callable, bool]] = [
+def _rows_scaled(z: torch.Tensor) -> torch.Tensor:
+    """Softmax rows scaled by 1, 0.5, 1.5, 1, 0.5, ...: over 64 rows the factors average exactly 1."""
+    factors = torch.tensor([1.0, 0.5, 1.5])[torch.arange(len(z)) % 3]
+    return z.softmax(dim=1) * factors[:, None]
+
+
+# (what the head gives, the head, whether its rows are probabilities: True, False, or "only for a batch of one")
+PROBABILITY_CASES: Sequence[tuple[str, Callable, bool | str]] = [
     ("logits (a plain Linear head)", lambda z: z, False),
     ("softmax over the classes (dim=1)", lambda z: z.softmax(dim=1), True),
     ("log_softmax over the classes", lambda z: z.log_softmax(dim=1), False),
@@ -438,24 +471,29 @@ PROBABILITY_CASES: Sequence[tuple[str, Callable, bool]] = [
     ("scores shifted so that each row sums to 1 (some of them negative)",
      lambda z: z - z.mean(dim=1, keepdim=True) + 0.2, False),
     ("softmax times 1.001 (each row sums to 1.001)", lambda z: z.softmax(dim=1) * 1.001, False),
+    ("softmax with its rows scaled by 1, 0.5, 1.5, ... (the first row sums to 1, the rows average 1)", _rows_scaled,
+     "only for a batch of one"),
 ]
 
 
 def check_outputs_are_probabilities(fn: Callable) -> Verdict:
     """Exercise: `fn(model, x)` returns True when every row of `model(x)` (N, C) is a probability
     distribution (no negative entry, sums to 1 within 1e-4), what `nn.CrossEntropyLoss` must not be
-    given, and False otherwise. Checked on eight heads and batches of 64 and 1."""
+    given, and False otherwise. Checked on nine heads and batches of 64 and 1."""
     name = "outputs_are_probabilities"
-    hints = ["the question is about what the model returns: do not transform it before looking",
-             "what must sum to 1 is each row (one sample's scores over the classes), not the whole batch",
+    hints = ["what must sum to 1 is each row (one sample's scores over the classes), not the whole batch",
              "floating-point sums are rarely exactly 1: compare within a tolerance "
-             "(`torch.allclose(sums, torch.ones_like(sums), atol=1e-4)`, which also keeps the dtype)"]
+             "(`torch.allclose(sums, torch.ones_like(sums), atol=1e-4)`, which also keeps the dtype)",
+             "the question is about what the model returns: do not transform it before looking",
+             "a probability is never negative, whatever the row sums to"]
     for n in (64, 1):
         for description, last, expected in PROBABILITY_CASES:
+            expected = n == 1 if expected == "only for a batch of one" else expected
             model = _seeded(9, lambda: _Head(last))
             x = _seeded(10 + n, lambda: torch.randn(n, 10) * 3)
             try:
-                got = fn(model, x)
+                with _HooksLeft():
+                    got = fn(model, x)
             except Exception as error:  # the learner's code: report it, never crash
                 return report_check(name, False, f"for {description}: {_raised(error)}", hints)
             if got is None:
@@ -464,6 +502,12 @@ def check_outputs_are_probabilities(fn: Callable) -> Verdict:
                 return report_check(name, False, f"it returned {type(got).__name__} {got!r}, expected True or "
                                     "False (`bool(...)` turns a one-element tensor into one)", hints)
             if got is not expected:
-                return report_check(name, False, f"for a head giving {description}, batch of {n}, it returned "
-                                    f"{got!r}; expected {expected}", hints)
+                with torch.no_grad():
+                    out = model(x)
+                rows = out.sum(dim=1)
+                seen = (f"its smallest entry is {out.min().item():.3g} and its rows sum to "
+                        + (f"{rows.min().item():.7g}" if len(rows) == 1 else
+                           f"between {rows.min().item():.7g} and {rows.max().item():.7g}"))
+                return report_check(name, False, f"for a head giving {description}, batch of {n} ({seen}), it "
+                                    f"returned {got!r}; expected {expected}", hints)
     return report_check(name, True, None, hints)
