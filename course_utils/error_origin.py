@@ -540,6 +540,9 @@ def origin(text: str) -> Origin | None:
         template = match_template(text, files, inferred=False)
     if template is not None and _PYTHONS_OWN.fullmatch(template.text) and template.file not in files:
         template = None       # the same words as Python's own error: only a frame in its file says it is PyTorch's
+    if template is not None and template.file not in files and area_of(template.file, template.function) is None \
+            and _SPAWNED.search(text) and not _POOL.search(text):
+        template = None       # Python's pickling words, repeated by an untaught part (torch.package): the spawn says more
     by_frame, frame_area = None, None
     if seen and seen[-1][0] is not None:
         file, function = seen[-1]
@@ -615,9 +618,13 @@ _PYTHONS_OWN = re.compile(r"'\x00' object has no attribute '\x00'|\x00 object ha
 _NO_GPU = (r"\b(CUDA|cuda|GPUs?|gpus?|[Aa]ccelerator)\b[\w ]{0,30}\b(is|are) not available\b|"
            r"\b[Nn]o (CUDA|cuda|HIP|ROCm|XPU|NPU|TPU|XLA)[\w -]{0,20}\b(GPUs?|devices?)\b|\bonly be used on (CUDA|GPU)\b|"
            r"\bnot available (cuda|CUDA|GPU)|"
-           r"\bmachine only has: \[\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b|"
+           r"\bmachine only has: \[[\d, ]*\]|\brequires an? (GPU|CUDA)\b|\bnot compiled with (GPU|CUDA) support\b|"
            r"\b[Nn]o supported (gpu|GPU|CUDA)\b|\bnot able to use (the )?GPU\b|\bCUDA unavailable\b")
 TOPICS: list[tuple[str, Area]] = [
+    # a layer's function given arguments of the wrong kind (a list, a NumPy array): the layer's input, chapter 2
+    (r"\b(conv\w*|linear|bilinear|batch_norm|layer_norm|group_norm|instance_norm|embedding\w*|\w*pool\w*|"
+     r"dropout\w*|lstm|gru|rnn_\w+)\(\) received an invalid combination of arguments",
+     _low("layers")),
     # a CUDA kernel's own assertion ("block: [0,0,0], thread: [31,0,0] Assertion `t >= 0` failed"): an index
     (r"device-side assert triggered|\b[Dd]evice-side assertion\b|"
      r"\bblock: \[\d+, ?\d+, ?\d+\], thread: \[\d+, ?\d+, ?\d+\]",
@@ -658,7 +665,9 @@ TOPICS: list[tuple[str, Area]] = [
      r"\bRESOURCE_EXHAUSTED: Ran out of memory\b|"                 # (XLA's, on a TPU)
      # the wrappers' own words for it: DeepSpeed's allocator cache flushes under "memory pressure", accelerate's
      # batch-size search after every size ran out, ComfyUI's "Allocation on device"
-     r"\bmemory pressure\b|\bNo executable batch size found\b|\bAllocation on device\b",
+     r"\bmemory pressure\b|\bNo executable batch size found\b|\bAllocation on device\b|"
+     # vLLM's: the GPU memory left for its KV cache
+     r"\bKV cache\b.{0,200}\bgpu_memory_utilization\b",
      _low("memory")),
     # the launcher passes --local-rank (torch.distributed.launch) to a script that does not parse it
     (r"--local[-_]rank\b",
@@ -669,7 +678,7 @@ TOPICS: list[tuple[str, Area]] = [
     (r"\b(DDP\w*|DistributedDataParallel|gloo|c10d|world_size|rendezvous|SyncBN|micro_batch_per_gpu|num_processes)\b|"
      r"NCCL|nccl|HCCL|\b(FSDP|FullyShardedDataParallel|FlatParam\w*)\b|[Pp]rocess ?[Gg]roup|\bcollectives?\b|"
      r"\bddp(_\w+)?\b|\bdistributed (mode|training|environment)\b|"
-     r"\b(spawn|create) (new )?processes\b|\bnumber of processes\b",
+     r"\b(spawn|create) (new )?processes\b|\bnumber of processes\b|\bsync_dist\b|\bsrun\b|\bSLURM\b",
      _low("distributed")),
     (r"\b(c10::)?(Half|BFloat16)\b|(?i:\b(float16|bfloat16|fp16|bf16|half[- ]precision|tf32)\b|autocast)|\w*Half(Tensor|Type)\b|"
      # a dynamic loss scale (GradScaler's, DeepSpeed's, fairseq's) halving on overflow; cuBLAS's 16-bit types
@@ -712,13 +721,15 @@ TOPICS: list[tuple[str, Area]] = [
      _low("onnx")),
     # load_state_dict's result (`_IncompatibleKeys(missing_keys=[...], unexpected_keys=[...])`), and the loaders that
     # skip a parameter whose shape differs ("(80, 256) in the checkpoint but (227, 256) in the model")
-    (r"\b_IncompatibleKeys\b|\b(missing|unexpected)_keys\b|\bin the checkpoint but\b.{0,60}\bin the model\b",
+    (r"\b_IncompatibleKeys\b|\b(missing|unexpected)_keys\b|\bin the checkpoint but\b.{0,60}\bin the model\b|"
+     # accelerate's and transformers' loaders: a shape that differs, weights the model has no place for
+     r"\bTrying to set a tensor of shape\b|\bSome weights of the model checkpoint\b",
      _low("state-dict")),
     (r"\b(state_dict|(?<!utils\.)checkpoint|[Uu]npickl\w*|torch\.load|torch\.save|map_location|weights_only|safetensors\w*|"
      r"SafetensorError|deserializing header|\bmeta tensors?\b|Can't get attribute '\w+' on <module|"
      r"zip archive|central directory)|PytorchStreamReader|inline_container",
      _low("serialization")),
-    (r"\b(DataLoader|[Dd]ataset|collate\w*|worker process|[Ss]ampler|num_workers|\w*_dataloader)\b",
+    (r"\b(Data[Ll]oader|[Dd]ataset|collate\w*|worker process|[Ss]ampler|num_workers|\w*_dataloader)\b",
      _low("data")),
     # anomaly mode's report names the backward that made a NaN: chapter 3's, though its words are autograd's
     (r"\bError detected in \w+Backward",
@@ -750,6 +761,10 @@ def error_text(text: str) -> str:
 _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\b|\bCUBLAS_|\bNCCL\b|"
                             r"\bRuntimeError\b|\bNCCL_[A-Z_]+\b|\b(_IncompatibleKeys|missing_keys|unexpected_keys)\b|"
                             r"\bpytorch (checkpoint|allocator)\b|PyTorch no longer supports this GPU|\b(fvcore|detectron2|fairseq)\b|"
+                            # the wrappers' own words: apex's and DeepSpeed's loss scaler, Lightning's, transformers'
+                            # PyTorch models, vLLM's memory setting
+                            r"\bGradient overflow\. {1,2}Skipping step\b|\bloss scale already at minimum\b|\bsync_dist\b|"
+                            r"\bSome weights of the model checkpoint\b|\bgpu_memory_utilization\b|\bDataloader\b|"
                             r"\b(nccl|gloo|HCCL|torch_npu|torch_xla|XLA tensor|NPU function error|MPSNDArray|MPSGraph|ScalarType|tensorboardX|FSDP|FullyShardedDataParallel|"
                             r"FlatParameter|state_dict|grad_fn|requires_grad|map_location|DataLoader|torchrun|"
                             r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|"

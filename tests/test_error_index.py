@@ -547,3 +547,38 @@ def test_an_unpickling_error_from_pythons_own_pickle_is_not_a_checkpoints():
              "----> 2     X = pickle.load(f)\nUnpicklingError: invalid load key, '\\x0a'.")
     assert explain(plain) is None
     assert explain(plain.replace("pickle.load(f)", "torch.load(f)")).id == "corrupt-checkpoint"
+
+
+def test_more_of_the_wrappers_words_name_the_subject():
+    # tuning-13: apex's and DeepSpeed's loss scaler, accelerate's and transformers' loaders, Lightning's metric
+    # logging under DDP and its empty dataloader, vLLM's KV cache, a layer's function given a list
+    cases = {"Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 0.03125": 6,
+             "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.": 6,
+             'ValueError: Trying to set a tensor of shape torch.Size([4096, 1024]) in "weight" (which has shape '
+             'torch.Size([4096, 512])), this looks incorrect.': 4,
+             "Some weights of the model checkpoint were not used when initializing UNet2DConditionModel": 4,
+             "It is recommended to use `self.log('val_loss', ..., sync_dist=True)` when logging on epoch level in "
+             "distributed setting to accumulate the metric across devices.": 5,
+             "Total length of `Dataloader` across ranks is zero. Please make sure that it returns at least 1 batch.": 2,
+             "ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that can be stored "
+             "in KV cache (3664). Try increasing gpu_memory_utilization or decreasing max_model_len": 3,
+             "TypeError: conv2d() received an invalid combination of arguments - got (list, Parameter, NoneType, "
+             "tuple, tuple, tuple, int), but expected one of:": 2}
+    for message, chapter in cases.items():
+        got = explain(message)
+        assert got is not None and got.chapter == chapter and got.confidence == "low", message
+    # the same words from TensorFlow's Keras stay unexplained
+    assert explain("Some layers from the model checkpoint at bert-base-uncased were not used when initializing "
+                   "TFBertModel: ['mlm___cls']") is None
+
+
+def test_pythons_pickling_words_in_a_spawned_process_are_the_workers_not_torch_package():
+    # torch.package's pickler repeats Python's "Can't pickle local object": with Windows' spawn frames and no
+    # torch.package frame, the DataLoader's workers starting are the better guess
+    message = ('  File "C:\\envs\\lib\\multiprocessing\\popen_spawn_win32.py", line 93, in __init__\n'
+               '    reduction.dump(process_obj, to_child)\n'
+               '  File "C:\\envs\\lib\\multiprocessing\\reduction.py", line 60, in dump\n'
+               '    ForkingPickler(file, protocol).dump(obj)\n'
+               "AttributeError: Can't pickle local object 'Queue.get_subjects_iterable.<locals>.<lambda>'")
+    got = explain(message)
+    assert got is not None and got.chapter == 2 and got.confidence == "low" and "spawn" in got.origin
