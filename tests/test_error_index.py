@@ -435,6 +435,13 @@ def test_rocm_messages_read_as_the_cuda_messages_they_were_hipified_from():
     assert kernel is not None and kernel.chapter == 3
 
 
+def assert_placed_at_low_confidence(cases: dict[str, int]) -> None:
+    """Each message gets its chapter, marked low-confidence (a placement, not a curated rule)."""
+    for message, chapter in cases.items():
+        got = explain(message)
+        assert got is not None and got.chapter == chapter and got.confidence == "low", message
+
+
 def test_other_accelerators_are_placed_like_cuda():
     # PyTorch's own backends for Intel GPUs (torch/xpu), TPUs (torch_xla) and Ascend NPUs (torch_npu): picking the
     # device is chapter 1, a CPU tensor given to an XLA op and a buffer too large are chapter 3
@@ -447,9 +454,7 @@ def test_other_accelerators_are_placed_like_cuda():
              "at::kXLA (cpu vs. xla)": 3,
              "MPSNDArray.mm:794: failed assertion `[MPSNDArray, initWithBuffer:descriptor:] Error: buffer is not large "
              "enough. Must be 207456 bytes": 3}
-    for message, chapter in cases.items():
-        got = explain(message)
-        assert got is not None and got.chapter == chapter and got.confidence == "low", message
+    assert_placed_at_low_confidence(cases)
 
 
 def test_a_process_started_with_spawn_that_fails_to_start_is_a_dataloader_workers_at_low_confidence():
@@ -533,9 +538,7 @@ def test_the_wrappers_own_reports_of_a_pytorch_failure_name_its_subject():
              "because it is too old. The minimum cuda capability supported by this library is 3.7.": 1,
              "RuntimeError: Torch is not able to use GPU; add --skip-torch-cuda-test to COMMANDLINE_ARGS variable "
              "to disable this check": 1}
-    for message, chapter in cases.items():
-        got = explain(message)
-        assert got is not None and got.chapter == chapter and got.confidence == "low", message
+    assert_placed_at_low_confidence(cases)
     # Triton's own minimum (torch.compile's backend) stays torch.compile's, not the device's
     triton = explain("RuntimeError: Found NVIDIA GeForce GTX 1080 which is too old to be supported by the triton GPU "
                      "compiler, which is used as the backend. Triton only supports devices of CUDA Capability >= 7.0")
@@ -564,9 +567,7 @@ def test_more_of_the_wrappers_words_name_the_subject():
              "in KV cache (3664). Try increasing gpu_memory_utilization or decreasing max_model_len": 3,
              "TypeError: conv2d() received an invalid combination of arguments - got (list, Parameter, NoneType, "
              "tuple, tuple, tuple, int), but expected one of:": 2}
-    for message, chapter in cases.items():
-        got = explain(message)
-        assert got is not None and got.chapter == chapter and got.confidence == "low", message
+    assert_placed_at_low_confidence(cases)
     # the same words from TensorFlow's Keras stay unexplained
     assert explain("Some layers from the model checkpoint at bert-base-uncased were not used when initializing "
                    "TFBertModel: ['mlm___cls']") is None

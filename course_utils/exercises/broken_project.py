@@ -88,6 +88,16 @@ class _HooksLeft:
                                                                (global_, "global (the check removed them)")) if n)
 
 
+def _hooks_left(context: str, hooks: _HooksLeft) -> str:
+    """What a check observed when the learner's function left hooks installed."""
+    return f"{context}: after your function returned, hooks were still installed: {hooks.where}"
+
+
+def _not_a_bool(got) -> str:
+    return (f"it returned {type(got).__name__} {got!r}, expected True or False (`bool(...)` turns a one-element "
+            "tensor into one)")
+
+
 # --- exercise 1: parameters that run but are never updated --------------------------------------
 
 @reference_solution("parameters_left_out", chapter=7)
@@ -188,9 +198,8 @@ def check_parameters_left_out(fn: Callable) -> Verdict:
         if got is None:
             return report_check(name, False, None, hints)
         if hooks.left:
-            return report_check(name, False, f"{description}: after your function returned, hooks were still "
-                                f"installed: {hooks.where} (a global one runs on every module of every model from "
-                                "then on)", hints)
+            return report_check(name, False, _hooks_left(description, hooks) + " (a global one runs on every "
+                                "module of every model from then on)", hints)
         if not all(torch.equal(p, q) for p, q in zip(model.parameters(), before)):
             return report_check(name, False, f"{description}: a parameter changed during your function", hints)
         if isinstance(got, torch.Tensor) or not isinstance(got, Iterable):
@@ -313,11 +322,9 @@ def check_leaks_gradients(fn: Callable) -> Verdict:
             if got is None:
                 return report_check(name, False, None, hints)
             if hooks.left:
-                return report_check(name, False, f"for a step written '{kind}': after your function returned, "
-                                    f"hooks were still installed: {hooks.where}", hints)
+                return report_check(name, False, _hooks_left(f"for a step written '{kind}'", hooks), hints)
             if not isinstance(got, bool):
-                return report_check(name, False, f"it returned {type(got).__name__} {got!r}, expected True or "
-                                    "False (`bool(...)` turns a one-element tensor into one)", hints)
+                return report_check(name, False, _not_a_bool(got), hints)
             if got is not leaks:
                 optimizer_name = type(optimizer).__name__
                 return report_check(name, False, f"for a step written '{kind}' ({optimizer_name}) it returned "
@@ -402,8 +409,7 @@ def check_accuracy_restoring_modes(fn: Callable) -> Verdict:
         if got is None:
             return report_check(name, False, None, hints)
         if hooks.left:
-            return report_check(name, False, f"{description}: after your function returned, hooks were still "
-                                f"installed: {hooks.where}", hints)
+            return report_check(name, False, _hooks_left(description, hooks), hints)
         if grad_mode_after != grad_mode:
             return report_check(name, False, f"{description}: afterwards autograd was switched off for the whole "
                                 "program (the check switched it back on): a `with` block ends what it starts", hints)
@@ -499,8 +505,7 @@ def check_outputs_are_probabilities(fn: Callable) -> Verdict:
             if got is None:
                 return report_check(name, False, None, hints)
             if not isinstance(got, bool):
-                return report_check(name, False, f"it returned {type(got).__name__} {got!r}, expected True or "
-                                    "False (`bool(...)` turns a one-element tensor into one)", hints)
+                return report_check(name, False, _not_a_bool(got), hints)
             if got is not expected:
                 with torch.no_grad():
                     out = model(x)
