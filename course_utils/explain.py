@@ -7,8 +7,9 @@ every traceback it recognises (the traceback itself is shown unchanged).
 
 Rules match on meaning, not on one wording: each failure kind has several patterns, one per wording
 that real users meet (older releases, wrappers, Windows), searched in the message after light
-normalisation (ANSI colour codes, `[rank0]:`-style prefixes, full-width punctuation and line wrapping
-removed). The first matching rule wins, so more specific kinds come first.
+normalisation (ANSI colour codes, `[rank0]:`-style and loggers' prefixes, what web pages, forums, Markdown
+and JSON logs do to a paste, full-width punctuation and line wrapping removed). The first matching rule
+wins, so more specific kinds come first.
 
 A message no rule matches is *placed* by `course_utils.error_origin`: where in PyTorch it was raised (the
 message template of PyTorch's sources it matches, a traceback frame, its own words), and the chapter that
@@ -741,16 +742,35 @@ RULES: list[Rule] = [
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _LINE_PREFIX = re.compile(r"^\s*(\[(rank|default)\d+\]:)+", flags=re.MULTILINE)
+# a logger's timestamp and level before each line ("2024-05-01 12:34:56,789 - ERROR - ", "[2024-05-01 12:34:56] ")
+_LOG_PREFIX = re.compile(r"^[ \t]*\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\]?"
+                         r"(?:[ \t]*[-|]?[ \t]*\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]?)?[ \t]*[-|:]?[ \t]*",
+                         flags=re.MULTILINE)
 
 
 _LAUNCHER_REPORT = re.compile("|".join(_LAUNCHER_REPORTS), flags=re.IGNORECASE)   # as the rules match
 
 
+# how a paste gets reformatted on its way: a forum's typographer (Discourse, Slack, Word) curls quotes and makes
+# "--" a dash outside code blocks; a web page escapes HTML ("&#39;", "&lt;module&gt;"); a JSON log or an
+# exception's repr writes its newlines as "\n" (told from a Windows path's "\new" by what follows it)
+_TYPOGRAPHY = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
+                             "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
+_DASHED_OPTION = re.compile(r"(?<![\w-])[\u2013\u2014](?=[a-z])")       # "–local_rank", "—nproc_per_node"
+_ESCAPED_NEWLINE = re.compile(r"(?<!\\)\\n(?=[\s\\\"'A-Z\[]|$)")
+_MARKDOWN = re.compile(r"^[ \t]*(>+[ \t]?)+|^[ \t]*(```|~~~)[\w+-]*[ \t]*$", flags=re.MULTILINE)  # quotes, fences
+
+
 def normalise(text: str) -> str:
-    """The message as the rules see it: without ANSI colour codes, `[rank0]:` / `[default2]:` line
-    prefixes, full-width punctuation (NFKC) and line wrapping (all whitespace runs become one space)."""
-    text = unicodedata.normalize("NFKC", _ANSI.sub("", text))
-    text = _LINE_PREFIX.sub("", text)
+    """The message as the rules see it: without ANSI colour codes, `[rank0]:` / `[default2]:` and loggers'
+    timestamp line prefixes, Markdown's quote marks and code fences, HTML escapes, typographic quotes and
+    dashes, full-width punctuation (NFKC), escaped newlines and line wrapping (all whitespace runs become one
+    space)."""
+    text = unicodedata.normalize("NFKC", html.unescape(_ANSI.sub("", text))).translate(_TYPOGRAPHY)
+    text = _DASHED_OPTION.sub("--", text)
+    if "\n" not in text and _ESCAPED_NEWLINE.search(text):    # one line, its newlines escaped
+        text = _ESCAPED_NEWLINE.sub("\n", text).replace('\\"', '"').replace("\\\\", "\\")
+    text = _LINE_PREFIX.sub("", _LOG_PREFIX.sub("", _MARKDOWN.sub("", text)))
     return re.sub(r"\s+", " ", text).strip()
 
 

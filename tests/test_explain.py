@@ -1,5 +1,6 @@
 """The error explainer, checked against exceptions raised by real PyTorch calls (not typed strings),
 so a PyTorch release that rewords a message fails here first."""
+import html
 import io
 import json
 import os
@@ -691,6 +692,45 @@ def test_corpus_recall_and_false_positive_rate(long_tail):
         (RECALL_TARGET, FALSE_POSITIVE_LIMIT)
     assert right / total >= recall and len(claimed) / unrelated <= false_positives, \
         f"recall {right}/{total}, false positives {len(claimed)}/{unrelated}\n{table}"
+
+
+def test_normalisation_undoes_how_pastes_get_reformatted():
+    pasted = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0, cpu"
+    assert normalise(pasted.replace(",", "&#44;").replace(":", "&colon;")) == pasted   # a web page's escapes
+    assert normalise("AttributeError: Can\u2019t get attribute \u2018Net\u2019 on <module \u2018__main__\u2019>") == \
+        "AttributeError: Can't get attribute 'Net' on <module '__main__'>"            # a forum's typographer
+    assert normalise("unrecognized arguments: \u2013local_rank=0") == "unrecognized arguments: --local_rank=0"
+    assert normalise("```python\n> RuntimeError: boom\n> more\n```") == "RuntimeError: boom more"
+    assert normalise("2024-05-01 12:34:56,789 - ERROR - RuntimeError: boom\n[2024-05-01 12:34:57] more") == \
+        "RuntimeError: boom more"
+    assert normalise('Traceback (most recent call last):\\n  File \\"x.py\\", line 1\\nRuntimeError: boom') == \
+        'Traceback (most recent call last): File "x.py", line 1 RuntimeError: boom'     # a JSON log's newlines
+    windows = r'File "C:\Users\me\new_model\train.py", line 3, in main'
+    assert normalise(windows) == windows                                                # not a newline: "\new"
+    assert normalise("a - b \u2013 c") == "a - b \u2013 c"                             # a dash in prose stays
+
+
+# Each way a paste gets reformatted on its way to a user (a web page, a forum's typographer, a Markdown quote,
+# a logger, a JSON log, Windows line ends): the answer on the corpus must not change.
+REFORMATTED = {
+    "html-escaped": lambda text: html.escape(text, quote=True),
+    "typographic-quotes": lambda text: text.replace("'", "\u2019").replace('"', "\u201d"),
+    "markdown-quote": lambda text: "\n".join("> " + line for line in text.split("\n")),
+    "code-fence": lambda text: f"```python\n{text}\n```",
+    "logger-prefix": lambda text: "\n".join("2024-05-01 12:34:56,789 - ERROR - " + line for line in text.split("\n")),
+    "json-escaped": lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n"),
+    "crlf": lambda text: text.replace("\n", "\r\n"),
+}
+
+
+@pytest.mark.parametrize("reformat", REFORMATTED, ids=list(REFORMATTED))
+def test_the_answer_survives_how_pastes_get_reformatted(reformat):
+    entries = load_corpus()[::3]
+    changed = [(e["source"], e["message"][:120]) for e in entries
+               if getattr(explain(REFORMATTED[reformat](e["message"])), "id", None) !=
+               getattr(explain(e["message"]), "id", None)]
+    # a JSON log's "\n" cannot always be told from a Windows path's "\new": a few stay one line
+    assert len(changed) <= (0.01 * len(entries) if reformat == "json-escaped" else 0), changed
 
 
 def test_the_corpus_score_can_fail():
