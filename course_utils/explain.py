@@ -758,19 +758,20 @@ _TYPOGRAPHY = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201
                              "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
 _DASHED_OPTION = re.compile(r"(?<![\w-])[\u2013\u2014](?=[a-z])")       # "–local_rank", "—nproc_per_node"
 _ESCAPED_NEWLINE = re.compile(r"(?<!\\)\\n(?=[\s\\\"'A-Z\[]|$)")
+_DEBUGGER_LABEL = re.compile(r"\bException has occurred: ([\w.]+)[ \t]*\r?\n")     # VS Code's: the class, then its message
 _MARKDOWN = re.compile(r"^[ \t]*(>+[ \t]?)+|^[ \t]*(```|~~~)[\w+-]*[ \t]*$", flags=re.MULTILINE)  # quotes, fences
 
 
 def normalise(text: str) -> str:
     """The message as the rules see it: without ANSI colour codes, `[rank0]:` / `[default2]:` and loggers'
     timestamp line prefixes, Markdown's quote marks and code fences, HTML escapes, typographic quotes and
-    dashes, full-width punctuation (NFKC), escaped newlines and line wrapping (all whitespace runs become one
-    space)."""
+    dashes, full-width punctuation (NFKC), escaped newlines, a debugger's "Exception has occurred: X" label
+    (as "X: ") and line wrapping (all whitespace runs become one space)."""
     text = unicodedata.normalize("NFKC", html.unescape(_ANSI.sub("", text))).translate(_TYPOGRAPHY)
     text = _DASHED_OPTION.sub("--", text)
     if "\n" not in text and _ESCAPED_NEWLINE.search(text):    # one line, its newlines escaped
         text = _ESCAPED_NEWLINE.sub("\n", text).replace('\\"', '"').replace("\\\\", "\\")
-    text = _LINE_PREFIX.sub("", _LOG_PREFIX.sub("", _MARKDOWN.sub("", text)))
+    text = _DEBUGGER_LABEL.sub(r"\1: ", _LINE_PREFIX.sub("", _LOG_PREFIX.sub("", _MARKDOWN.sub("", text))))
     return re.sub(r"\s+", " ", text).strip()
 
 

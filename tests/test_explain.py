@@ -705,13 +705,15 @@ def test_normalisation_undoes_how_pastes_get_reformatted():
         "RuntimeError: boom more"
     assert normalise('Traceback (most recent call last):\\n  File \\"x.py\\", line 1\\nRuntimeError: boom') == \
         'Traceback (most recent call last): File "x.py", line 1 RuntimeError: boom'     # a JSON log's newlines
+    assert normalise("Exception has occurred: AttributeError\nCan't pickle local object 'f.<locals>.g'") == \
+        "AttributeError: Can't pickle local object 'f.<locals>.g'"                      # VS Code's debugger
     windows = r'File "C:\Users\me\new_model\train.py", line 3, in main'
     assert normalise(windows) == windows                                                # not a newline: "\new"
     assert normalise("a - b \u2013 c") == "a - b \u2013 c"                             # a dash in prose stays
 
 
 # Each way a paste gets reformatted on its way to a user (a web page, a forum's typographer, a Markdown quote,
-# a logger, a JSON log, Windows line ends): the answer on the corpus must not change.
+# a logger, a JSON log, Windows line ends, VS Code's debugger): the answer on the corpus must not change.
 REFORMATTED = {
     "html-escaped": lambda text: html.escape(text, quote=True),
     "typographic-quotes": lambda text: text.replace("'", "\u2019").replace('"', "\u201d"),
@@ -720,6 +722,7 @@ REFORMATTED = {
     "logger-prefix": lambda text: "\n".join("2024-05-01 12:34:56,789 - ERROR - " + line for line in text.split("\n")),
     "json-escaped": lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n"),
     "crlf": lambda text: text.replace("\n", "\r\n"),
+    "debugger-label": lambda text: re.sub(r"(?m)^([\w.]+(?:Error|Exception)): ", r"Exception has occurred: \1\n", text),
 }
 
 
