@@ -71,6 +71,29 @@ def test_the_generator_reads_python_and_cpp_messages(tmp_path):
     assert found == {f"Expected 4D input, but got input of size: {HOLE} instead", f"rank {HOLE} failed after {HOLE} ms"}
 
 
+def test_the_generator_reads_cpp_messages_built_before_they_are_raised(tmp_path):
+    cpp = tmp_path / "engine.cpp"
+    cpp.write_text('std::stringstream ss;\n'
+                   'ss << "invalid gradient at index " << i << " - got ";\n'
+                   'ss << grad.sizes() << " but expected shape compatible with " << shape;\n'
+                   'TORCH_CHECK(false, ss.str());\n'
+                   'std::string msg = c10::str("the derivative for \'", name, "\' is not implemented.");\n'
+                   'std::ostringstream oss; oss << "Exception raised from " << where << ": " << what;\n'
+                   'std::string key = c10::str("ab", x);\n')         # the error machinery's framing; too short
+    found = {e["t"] for e in build_error_index.cpp_templates(cpp, "torch/csrc/autograd/engine.cpp")}
+    assert found == {f"invalid gradient at index {HOLE} - got {HOLE} but expected shape compatible with {HOLE}",
+                     f"the derivative for '{HOLE}' is not implemented."}
+
+
+def test_pythons_own_messages_that_torchscript_repeats_are_left_out():
+    python_text = build_error_index.python_strings()
+    assert build_error_index.pythons_own({"t": f"could not convert string to float: '{HOLE}'"}, python_text)
+    assert build_error_index.pythons_own({"t": f"invalid literal for int() with base 10: '{HOLE}'"}, python_text)
+    assert not build_error_index.pythons_own({"t": f"Expected all tensors to be on the same device, but {HOLE}"},
+                                             python_text)
+    assert not any(e["t"].startswith("could not convert string to float") for e in stored_index()["templates"])
+
+
 def test_a_source_tree_gives_the_messages_of_its_cpp_files_but_not_of_its_tests(tmp_path):
     tree = tmp_path / "pytorch-v2.6.0"
     (tree / "aten/src/ATen/native/mps").mkdir(parents=True)
@@ -373,6 +396,23 @@ def test_real_errors_without_a_rule_are_placed_in_the_chapter_that_teaches_them(
     got = explain(error)
     assert got is not None and (got.id, got.chapter) == (f"area-{area}", chapter), f"{error!r} -> {got and got.id}"
     assert got.confidence == "low" and not got.causes                  # placed, not curated: it says so
+
+
+def test_an_invalid_gradient_is_placed_by_the_message_autograd_builds_for_it():
+    class HalfTheGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad[:1]                                  # one row where the input had three
+
+    error = raised(lambda: HalfTheGradient.apply(torch.ones(3, 2, requires_grad=True)).sum().backward())
+    assert "returned an invalid gradient at index 0" in str(error)
+    got = explain(error)
+    assert (got.id, got.chapter) == ("area-autograd", 1)
+    assert got.origin == "its message matches a message written in torch/csrc/autograd/input_metadata.cpp"
 
 
 def test_a_layer_built_wrong_is_placed_by_its_init_frame_not_by_the_tensor_op_that_failed():

@@ -7,13 +7,15 @@ Every message PyTorch raises is written once in its sources, with holes for the 
   and Dynamo `unimplemented(...)` in the installed `torch` package, read with `ast` (a message kept in a
   module-level name is followed there). f-string fields, `%`
   placeholders, `.format` fields and any non-literal part become holes.
-* C++: every `TORCH_CHECK*`/`AT_ERROR`/`C10_THROW_ERROR`/`throw std::...error(...)` message in the C++
-  headers the wheel ships (`torch/include`); with `--cpp-tree DIR`, in every C++ file of a PyTorch source
-  tree (ATen, c10, torch/csrc, caffe2/serialize; Debian's source package of a release holds one); with
-  `--cpp-source DIR`, in PyTorch source files copied from pytorch/pytorch (their commits listed in
-  DIR/MANIFEST.tsv). A C++ template is kept only
+* C++: every `TORCH_CHECK*`/`AT_ERROR`/`C10_THROW_ERROR`/`throw std::...error(...)` message, every message
+  built before it is raised (a `std::stringstream` streamed into, a `c10::str`/`fmt::format` assigned or
+  returned), in the C++ headers the wheel ships (`torch/include`); with `--cpp-tree DIR`, in every C++
+  file of a PyTorch source tree (ATen, c10, torch/csrc, caffe2/serialize; Debian's source package of a
+  release holds one); with `--cpp-source DIR`, in PyTorch source files copied from pytorch/pytorch (their
+  commits listed in DIR/MANIFEST.tsv). A C++ template is kept only
   when each of its literal pieces is a string in the installed wheel's shared libraries, so the index
-  holds what this torch build can raise, not what another commit once said.
+  holds what this torch build can raise, not what another commit once said; and not when it starts with
+  words of the Python interpreter's own strings (TorchScript mirrors Python's builtins' messages).
 * The rest of the C++ messages, whose sources are not at hand: each string of the shared libraries that
   reads like an error message, with the source file inferred from where it lies in the library (see
   `layout_templates`).
@@ -41,6 +43,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,9 +279,89 @@ def _cpp_pieces(argument: str) -> list[str]:
 _FORMAT_FIELD = re.compile(r"\{(:[^{}]*)?\}|%(ll|l|z)?[sdiuf]\b")
 
 
+# the error machinery's own framing, which every C++ error carries (c10's, and Vulkan's copy of it): it says nothing
+# about where an error came from
+_FRAMING = "Exception raised from"
+
+
+def _cpp_entry(pieces: list[str], relative: str, error: str) -> dict | None:
+    """A template of the message pieces (literals, and holes for the rest), if it says enough to place one."""
+    # a literal formatted later (`throw TypeError("{}(): argument '{}' ...", name, ...)`, printf's "%s"):
+    # its placeholders are holes too
+    template = _join([_FORMAT_FIELD.sub(HOLE, piece) for piece in pieces])
+    if literal_length(template) < MIN_LITERAL or template.startswith(_FRAMING):
+        return None
+    # each literal argument apart: the library holds "…equal to 0 " and "but received {" as two strings
+    literals = [squeeze(piece).strip() for piece in pieces if piece != HOLE]
+    return {"t": template, "file": relative, "function": "", "error": error,
+            "pieces": [piece for piece in literals if len(piece) >= 6]}
+
+
+# a message built before it is raised: `std::stringstream ss; ss << "invalid gradient at index " << i << ...;`
+# then `TORCH_CHECK(false, ss.str())`, or `auto msg = c10::str("the derivative for '", name, "' ...")`
+_STREAM = re.compile(r"\b(?:std::)?o?stringstream\s+(\w+)\s*(?:\{\s*\}|\(\s*\))?\s*;")
+_BUILT = re.compile(r"(?:=|\breturn)\s*(c10::str|fmt::format)\s*\(")
+
+
+def _streamed(text: str, start: int) -> tuple[list[str], int]:
+    """The operands of one `name << a << b ...;` statement that starts at text[start] (after `name`)."""
+    operands, current, depth, i = [], [], 0, start
+    while i < len(text):
+        ch = text[i]
+        if ch == '"' or (ch == "R" and text.startswith('R"', i)):
+            end = _cpp_string_end(text, i)
+            current.append(text[i:end])
+            i = end
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                break
+        elif ch == ";" and depth == 0:
+            break
+        elif text.startswith("<<", i) and depth == 0:
+            operands.append("".join(current))
+            current, i = [], i + 2
+            continue
+        current.append(ch)
+        i += 1
+    operands.append("".join(current))
+    return [operand for operand in operands if operand.strip()], i
+
+
+def _stream_templates(text: str, relative: str) -> list[dict]:
+    """Each string stream's message: the operands streamed into it, statement after statement, until its
+    `.str()` is taken (the pieces of an if/else's branches follow each other; a template's start still matches)."""
+    out = []
+    for declared in _STREAM.finditer(text):
+        name = declared.group(1)
+        used = text.find(f"{name}.str()", declared.end())
+        body = text[declared.end():used if used >= 0 else len(text)]
+        pieces = []
+        for statement in re.finditer(rf"(?<![\w.]){name}\s*<<", body):
+            try:
+                operands, _ = _streamed(body, statement.end())
+            except (ValueError, IndexError):
+                break
+            pieces += [piece for operand in operands for piece in _cpp_pieces(operand)]
+        entry = _cpp_entry(pieces, relative, "stringstream")
+        if entry:
+            out.append(entry)
+    return out
+
+
 def cpp_templates(path: Path, relative: str) -> list[dict]:
     text = re.sub(r"/\*.*?\*/|//[^\n]*", "", path.read_text(encoding="utf-8", errors="replace"), flags=re.DOTALL)
-    out = []
+    out = _stream_templates(text, relative) if "stringstream" in text else []
+    for built in _BUILT.finditer(text):
+        try:
+            entry = _cpp_entry(_cpp_pieces(text[built.start(1):]), relative, built.group(1).split("::")[-1])
+        except (ValueError, IndexError):
+            continue
+        if entry:
+            out.append(entry)
     for match in _CPP_CALL.finditer(text):
         name = match.group(1)
         if name in {"fmt::format", "c10::str"}:
@@ -291,15 +374,9 @@ def cpp_templates(path: Path, relative: str) -> list[dict]:
         message = args[skip:]
         if name == "TORCH_INTERNAL_ASSERT" or not message:
             continue
-        pieces = [piece for arg in message for piece in _cpp_pieces(arg)]
-        # a literal formatted later (`throw TypeError("{}(): argument '{}' ...", name, ...)`, printf's "%s"):
-        # its placeholders are holes too
-        template = _join([_FORMAT_FIELD.sub(HOLE, piece) for piece in pieces])
-        if literal_length(template) >= MIN_LITERAL:
-            # each literal argument apart: the library holds "…equal to 0 " and "but received {" as two strings
-            literals = [squeeze(piece).strip() for piece in pieces if piece != HOLE]
-            out.append({"t": template, "file": relative, "function": "", "error": name.split("::")[-1],
-                        "pieces": [piece for piece in literals if len(piece) >= 6]})
+        entry = _cpp_entry([piece for arg in message for piece in _cpp_pieces(arg)], relative, name.split("::")[-1])
+        if entry:
+            out.append(entry)
     return out
 
 
@@ -373,6 +450,24 @@ def in_library(entry: dict, index: tuple[set[str], str]) -> bool:
     return bool(pieces) and all(piece in strings or piece in text for piece in pieces)
 
 
+# TorchScript's interpreter mirrors Python's builtins word for word ("could not convert string to float: '...'",
+# "invalid literal for int() with base 10"): such a template is Python's message, which any program raises
+_LEADING_WORDS = re.compile(r"[^'\"`%{\x00\d]*")
+
+
+def python_strings() -> str:
+    """The Python interpreter's own strings (its error messages among them), joined into one text."""
+    library = Path(sysconfig.get_config_var("LIBDIR") or "") / (sysconfig.get_config_var("LDLIBRARY") or "")
+    binary = library if library.is_file() else Path(sys.executable).resolve()
+    return " ".join(squeeze(text) for _, text in library_strings(binary))
+
+
+def pythons_own(entry: dict, python_text: str) -> bool:
+    """The template starts with 20+ characters of words that the Python interpreter's own strings hold."""
+    leading = _LEADING_WORDS.match(entry["t"]).group().strip(" :")
+    return len(leading) >= 20 and leading in python_text
+
+
 # The parts of a PyTorch source tree whose C++ messages a user meets (tests and vendored libraries left out).
 TREE_PARTS = ("aten/src/ATen", "c10", "torch/csrc", "caffe2/serialize")
 TREE_SUFFIXES = {".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp", ".mm"}
@@ -412,7 +507,8 @@ def build(cpp_source: Path | None, cpp_tree: Path | None = None, tree_origin: st
     python = python_templates(package)
     cpp, manifest = header_and_source_templates(package, cpp_source, cpp_tree)
     index = library_index(package)
-    cpp_kept = [entry for entry in cpp if in_library(entry, index)]
+    python_text = python_strings()
+    cpp_kept = [entry for entry in cpp if in_library(entry, index) and not pythons_own(entry, python_text)]
     known = " ".join(e["t"] for e in cpp_kept)
     layout = {e["t"]: e for e in layout_templates(package) if e["t"] not in known}     # first place wins
     templates = sorted({json.dumps(e, sort_keys=True) for e in python + cpp_kept + list(layout.values())})
@@ -422,7 +518,8 @@ def build(cpp_source: Path | None, cpp_tree: Path | None = None, tree_origin: st
                            "pytorch/pytorch files (path: commit)": manifest,
                            "source tree": (f"{tree_origin or cpp_tree.name}: {', '.join(TREE_PARTS)}"
                                            if cpp_tree is not None else None),
-                           "kept": f"{len(cpp_kept)} of {len(cpp)} C++ templates found in this wheel's libraries",
+                           "kept": f"{len(cpp_kept)} of {len(cpp)} C++ templates found in this wheel's libraries "
+                                   f"(Python's own messages left out)",
                            "library strings": f"{len(layout)} message pieces of the libraries, file inferred from "
                                               f"their layout (error: 'library string')"},
             "templates": [json.loads(e) for e in templates]}
