@@ -8,7 +8,9 @@ The rules (tests/data/HELDOUT_RUBRIC.md), applied mechanically and before anyone
 - a wording new to the development corpus (`corpus_novelty.seen`);
 - at most MAX_SAME_WORDING entries of one wording, the first ones in the collectors' order: taking search
   results in order let one query fill a chapter with one message (nine copies of one optimizer error), which
-  would weigh one rule like nine.
+  would weigh one rule like nine;
+- at most MAX_PER_REPOSITORY entries of one repository in the whole set (from set 18 on: collectors working
+  side by side cannot see each other's repositories; set 17's parts held up to eight of one between them).
 It prints how many entries each rule removed and what remains per chapter, never a message.
 """
 from __future__ import annotations
@@ -24,6 +26,12 @@ from corpus_novelty import ROOT, _canonical, _grams, development_texts, seen  # 
 
 FIELDS = {"message", "source", "chapter", "topic", "torch_version", "platform", "wrapper", "year", "query", "part"}
 MAX_SAME_WORDING = 2
+MAX_PER_REPOSITORY = 2
+
+
+def repository(source: str) -> str:
+    """The "owner/name" of a GitHub thread's address."""
+    return "/".join(source.removeprefix("https://github.com/").split("/")[:2]).lower()
 
 
 def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
@@ -37,6 +45,7 @@ def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
     kept: list[dict] = []
     kept_texts: list[set[tuple[str, ...]]] = []
     threads: set[str] = set()
+    repositories: Counter = Counter()
     for entry in entries:
         if set(entry) != FIELDS or entry["chapter"] not in (None, 1, 2, 3, 4, 5, 6) or \
                 not entry["source"].startswith("https://github.com/"):
@@ -47,10 +56,13 @@ def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
             removed["wording in the development corpus"] += 1
         elif sum(seen(entry["message"], [other]) for other in kept_texts) >= MAX_SAME_WORDING:   # same test, one by one
             removed[f"more than {MAX_SAME_WORDING} of one wording"] += 1
+        elif repositories[repository(entry["source"])] >= MAX_PER_REPOSITORY:
+            removed[f"more than {MAX_PER_REPOSITORY} of one repository"] += 1
         else:
             kept.append(entry)
             kept_texts.append(_grams(_canonical(entry["message"]).split()))
             threads.add(entry["source"])
+            repositories[repository(entry["source"])] += 1
     return kept, removed
 
 
