@@ -758,7 +758,7 @@ _TYPOGRAPHY = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201
                              "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
 _DASHED_OPTION = re.compile(r"(?<![\w-])[\u2013\u2014](?=[a-z])")       # "–local_rank", "—nproc_per_node"
 _ESCAPED_NEWLINE = re.compile(r"(?<!\\)\\n(?=[\s\\\"'A-Z\[]|$)")
-_DEBUGGER_LABEL = re.compile(r"\bException has occurred: ([\w.]+)[ \t]*\r?\n")     # VS Code's: the class, then its message
+_DEBUGGER_LABEL = re.compile(r"\bException has occurred: ([\w.]+)[ \t]*\r?\n")   # VS Code's: the class, the message
 _MARKDOWN = re.compile(r"^[ \t]*(>+[ \t]?)+|^[ \t]*(```|~~~)[\w+-]*[ \t]*$", flags=re.MULTILINE)  # quotes, fences
 
 
