@@ -742,10 +742,11 @@ RULES: list[Rule] = [
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _LINE_PREFIX = re.compile(r"^\s*(\[(rank|default)\d+\]:)+", flags=re.MULTILINE)
-# a logger's timestamp and level before each line ("2024-05-01 12:34:56,789 - ERROR - ", "[2024-05-01 12:34:56] ")
-_LOG_PREFIX = re.compile(r"^[ \t]*\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\]?"
-                         r"(?:[ \t]*[-|]?[ \t]*\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]?)?[ \t]*[-|:]?[ \t]*",
-                         flags=re.MULTILINE)
+# a logger's timestamp and level before each line ("2024-05-01 12:34:56,789 - ERROR - ", "[2024-05-01 12:34:56] ");
+# each run of blanks is followed by a separator or nothing, so a long run is not tried in every split
+_SEPARATOR = r"[ \t]*(?:[-|:][ \t]*)?"
+_LOG_PREFIX = re.compile(r"^[ \t]*\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\]?" + _SEPARATOR +
+                         r"(?:\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]?" + _SEPARATOR + ")?", flags=re.MULTILINE)
 
 
 _LAUNCHER_REPORT = re.compile("|".join(_LAUNCHER_REPORTS), flags=re.IGNORECASE)   # as the rules match
@@ -753,13 +754,19 @@ _LAUNCHER_REPORT = re.compile("|".join(_LAUNCHER_REPORTS), flags=re.IGNORECASE) 
 
 # how a paste gets reformatted on its way: a forum's typographer (Discourse, Slack, Word) curls quotes and makes
 # "--" a dash outside code blocks; a web page escapes HTML ("&#39;", "&lt;module&gt;"); a JSON log or an
-# exception's repr writes its newlines as "\n" (told from a Windows path's "\new" by what follows it)
+# exception's repr writes its newlines as "\n"
 _TYPOGRAPHY = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
                              "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
+_HTML_ENTITY = re.compile(r"&(?:#\d+|#[xX][0-9a-fA-F]+|[A-Za-z]+\d*);")    # with its ";": "&copy=3" in a URL stays
 _DASHED_OPTION = re.compile(r"(?<![\w-])[\u2013\u2014](?=[a-z])")       # "–local_rank", "—nproc_per_node"
-_ESCAPED_NEWLINE = re.compile(r"(?<!\\)\\n(?=[\s\\\"'A-Z\[]|$)")
-_DEBUGGER_LABEL = re.compile(r"\bException has occurred: ([\w.]+)[ \t]*\r?\n")   # VS Code's: the class, the message
-_MARKDOWN = re.compile(r"^[ \t]*(>+[ \t]?)+|^[ \t]*(```|~~~)[\w+-]*[ \t]*$", flags=re.MULTILINE)  # quotes, fences
+# an escaped newline where a line would start (a blank, a capital, "[", another one): not a Windows path's "\new",
+# nor the "\n" inside a quoted value ("could not convert string to float: '1.5\n'")
+_ESCAPED_NEWLINE = re.compile(r"(?<!\\)(?:\\r)?\\n(?=[ \tA-Z\[]|\\[nr]|$)")
+_ESCAPE = re.compile(r'\\([\\nrt"])')
+_UNESCAPED = {"\\": "\\", "n": "\n", "r": "", "t": "\t", '"': '"'}
+_DEBUGGER_LABEL = re.compile(r"\bException has occurred: ([\w.]+)[^\n]*\n")   # VS Code's: the class, the message
+_MARKDOWN = re.compile(r"^[ \t]*(?:>+(?:[ \t]|$))+|^[ \t]*(?:```|~~~)[\w+-]*[ \t]*$",      # quote marks, fences
+                       flags=re.MULTILINE)
 
 
 def normalise(text: str) -> str:
@@ -767,10 +774,10 @@ def normalise(text: str) -> str:
     timestamp line prefixes, Markdown's quote marks and code fences, HTML escapes, typographic quotes and
     dashes, full-width punctuation (NFKC), escaped newlines, a debugger's "Exception has occurred: X" label
     (as "X: ") and line wrapping (all whitespace runs become one space)."""
-    text = unicodedata.normalize("NFKC", html.unescape(_ANSI.sub("", text))).translate(_TYPOGRAPHY)
-    text = _DASHED_OPTION.sub("--", text)
-    if "\n" not in text and _ESCAPED_NEWLINE.search(text):    # one line, its newlines escaped
-        text = _ESCAPED_NEWLINE.sub("\n", text).replace('\\"', '"').replace("\\\\", "\\")
+    text = _HTML_ENTITY.sub(lambda entity: html.unescape(entity.group()), _ANSI.sub("", text))
+    text = _DASHED_OPTION.sub("--", unicodedata.normalize("NFKC", text.translate(_TYPOGRAPHY)))
+    if "\n" not in text and _ESCAPED_NEWLINE.search(text):    # one line, its newlines escaped: unescape it all
+        text = _ESCAPE.sub(lambda escape: _UNESCAPED[escape.group(1)], text)
     text = _DEBUGGER_LABEL.sub(r"\1: ", _LINE_PREFIX.sub("", _LOG_PREFIX.sub("", _MARKDOWN.sub("", text))))
     return re.sub(r"\s+", " ", text).strip()
 

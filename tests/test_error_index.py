@@ -73,14 +73,22 @@ def test_the_generator_reads_python_and_cpp_messages(tmp_path):
 
 def test_the_generator_reads_cpp_messages_built_before_they_are_raised(tmp_path):
     cpp = tmp_path / "engine.cpp"
-    cpp.write_text('std::stringstream ss;\n'
-                   'ss << "invalid gradient at index " << i << " - got ";\n'
-                   'ss << grad.sizes() << " but expected shape compatible with " << shape;\n'
-                   'TORCH_CHECK(false, ss.str());\n'
-                   'std::string msg = c10::str("the derivative for \'", name, "\' is not implemented.");\n'
-                   'std::ostringstream oss; oss << "Exception raised from " << where << ": " << what;\n'
-                   'std::string key = c10::str("ab", x);\n')         # the error machinery's framing; too short
+    cpp.write_text('void a() {\n'
+                   '  std::stringstream ss;\n'
+                   '  ss << "invalid gradient at index " << i << " - got ";\n'
+                   '  if (nested) { ss << "a nested tensor of sizes"; } else { ss << grad.sizes(); }\n'
+                   '  ss << " but expected shape compatible with " << \'{\' << shape << \'}\';\n'
+                   '  TORCH_CHECK(false, ss.str());\n'
+                   '  std::string msg = c10::str("the derivative for \'", name, "\' is not implemented.");\n'
+                   '}\n'
+                   'void b() {\n'
+                   '  std::ostringstream oss; oss << "Exception raised from " << where << ": " << what;\n'
+                   '  throw Error(oss.str());\n'                              # the error machinery's framing
+                   '  std::stringstream ss; ss << "a stream only printed, never raised"; std::cout << ss.rdbuf();\n'
+                   '  std::string repr = c10::str("Tensor(shape=", sizes, ", dtype=", dtype, ")");\n'   # not a message
+                   '}\n')
     found = {e["t"] for e in build_error_index.cpp_templates(cpp, "torch/csrc/autograd/engine.cpp")}
+    # (what only one branch streams is a hole: "a nested tensor of sizes" is not always in the message)
     assert found == {f"invalid gradient at index {HOLE} - got {HOLE} but expected shape compatible with {HOLE}",
                      f"the derivative for '{HOLE}' is not implemented."}
 

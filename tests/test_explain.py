@@ -707,8 +707,11 @@ def test_normalisation_undoes_how_pastes_get_reformatted():
         'Traceback (most recent call last): File "x.py", line 1 RuntimeError: boom'     # a JSON log's newlines
     assert normalise("Exception has occurred: AttributeError\nCan't pickle local object 'f.<locals>.g'") == \
         "AttributeError: Can't pickle local object 'f.<locals>.g'"                      # VS Code's debugger
-    windows = r'File "C:\Users\me\new_model\train.py", line 3, in main'
-    assert normalise(windows) == windows                                                # not a newline: "\new"
+    for kept in (r'File "C:\Users\me\new_model\train.py", line 3, in main',             # not newlines: "\new",
+                 r"ValueError: could not convert string to float: '1.5\n'",              # a quoted value's "\n",
+                 "see https://example.com/?a=1&section=2&copy=3"):                      # a URL's "&copy" (no ";")
+        assert normalise(kept) == kept
+    assert normalise("RuntimeError: Expected index\n>= 0") == "RuntimeError: Expected index >= 0"   # a line's ">"
     assert normalise("a - b \u2013 c") == "a - b \u2013 c"                             # a dash in prose stays
 
 

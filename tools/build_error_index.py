@@ -298,21 +298,26 @@ def _cpp_entry(pieces: list[str], relative: str, error: str) -> dict | None:
 
 
 # a message built before it is raised: `std::stringstream ss; ss << "invalid gradient at index " << i << ...;`
-# then `TORCH_CHECK(false, ss.str())`, or `auto msg = c10::str("the derivative for '", name, "' ...")`
+# then `TORCH_CHECK(false, ss.str())`, or `std::string msg = c10::str("the derivative for '", name, "' ...")` (a
+# variable named as a message: a `c10::str` kept as `repr` or `key` is not one)
 _STREAM = re.compile(r"\b(?:std::)?o?stringstream\s+(\w+)\s*(?:\{\s*\}|\(\s*\))?\s*;")
-_BUILT = re.compile(r"(?:=|\breturn)\s*(c10::str|fmt::format)\s*\(")
+_BUILT = re.compile(r"\b\w*(?:msg|message|err|error|reason|what)\w*\s*\+?=\s*(c10::str|fmt::format)\s*\(",
+                    flags=re.IGNORECASE)
+_LITERAL = re.compile(r'R"(\w*)\(.*?\)\1"|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)\'', flags=re.DOTALL)
 
 
-def _streamed(text: str, start: int) -> tuple[list[str], int]:
-    """The operands of one `name << a << b ...;` statement that starts at text[start] (after `name`)."""
-    operands, current, depth, i = [], [], 0, start
-    while i < len(text):
-        ch = text[i]
-        if ch == '"' or (ch == "R" and text.startswith('R"', i)):
-            end = _cpp_string_end(text, i)
-            current.append(text[i:end])
-            i = end
-            continue
+def _blanked(text: str) -> str:
+    """The text with every string and character literal's inside blanked (same length): its braces and
+    semicolons are not code."""
+    return _LITERAL.sub(lambda m: m.group()[0] + " " * (len(m.group()) - 2) + m.group()[-1], text)
+
+
+def _streamed(text: str, code: str, start: int) -> list[str]:
+    """The operands of one `name << a << b ...;` statement that starts at text[start] (after `name`); `code` is
+    the text with its literals blanked, which says where the statement ends and where it splits."""
+    depth, begin, operands = 0, start, []
+    for i in range(start, len(code)):
+        ch = code[i]
         if ch in "([{":
             depth += 1
         elif ch in ")]}":
@@ -321,31 +326,38 @@ def _streamed(text: str, start: int) -> tuple[list[str], int]:
                 break
         elif ch == ";" and depth == 0:
             break
-        elif text.startswith("<<", i) and depth == 0:
-            operands.append("".join(current))
-            current, i = [], i + 2
-            continue
-        current.append(ch)
-        i += 1
-    operands.append("".join(current))
-    return [operand for operand in operands if operand.strip()], i
+        elif code.startswith("<<", i) and depth == 0 and i >= begin:
+            operands.append(text[begin:i])
+            begin = i + 2
+    else:
+        i = len(code)
+    operands.append(text[begin:i])
+    return [operand for operand in operands if operand.strip()]
 
 
 def _stream_templates(text: str, relative: str) -> list[dict]:
     """Each string stream's message: the operands streamed into it, statement after statement, until its
-    `.str()` is taken (the pieces of an if/else's branches follow each other; a template's start still matches)."""
-    out = []
-    for declared in _STREAM.finditer(text):
+    `.str()` is taken or it is returned. What is streamed only inside a branch (an `if`'s braces) is a hole:
+    two branches' words one after the other would be a message neither branch writes."""
+    code, out = _blanked(text), []
+    for declared in _STREAM.finditer(code):
         name = declared.group(1)
-        used = text.find(f"{name}.str()", declared.end())
-        body = text[declared.end():used if used >= 0 else len(text)]
+        made_a_string = rf"(?<![\w.]){name}\s*\.\s*str\s*\(\s*\)|\breturn\s+{name}\s*;"
+        used = re.compile(made_a_string).search(code, declared.end())
+        again = re.compile(rf"stringstream\s+{name}\b").search(code, declared.end())
+        if used is None or (again is not None and again.start() < used.start()):
+            continue                                      # never made a string: not a message
         pieces = []
-        for statement in re.finditer(rf"(?<![\w.]){name}\s*<<", body):
+        for statement in re.finditer(rf"(?<![\w.]){name}\s*<<", code[:used.start()]):
+            if statement.start() < declared.end():
+                continue
+            branch = code[declared.end():statement.start()]
+            inside = branch.count("{") > branch.count("}")
             try:
-                operands, _ = _streamed(body, statement.end())
-            except (ValueError, IndexError):
-                break
-            pieces += [piece for operand in operands for piece in _cpp_pieces(operand)]
+                operands = [_cpp_pieces(operand) for operand in _streamed(text, code, statement.end())]
+            except (ValueError, IndexError):              # a call whose arguments do not parse: a hole
+                operands = [[HOLE]]
+            pieces += [HOLE if inside else piece for operand in operands for piece in operand]
         entry = _cpp_entry(pieces, relative, "stringstream")
         if entry:
             out.append(entry)
