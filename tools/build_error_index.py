@@ -8,8 +8,8 @@ Every message PyTorch raises is written once in its sources, with holes for the 
   module-level name is followed there). f-string fields, `%`
   placeholders, `.format` fields and any non-literal part become holes.
 * C++: every `TORCH_CHECK*`/`AT_ERROR`/`C10_THROW_ERROR`/`throw std::...error(...)` message, every message
-  built before it is raised (a `std::stringstream` streamed into, a `c10::str`/`fmt::format` assigned or
-  returned), in the C++ headers the wheel ships (`torch/include`); with `--cpp-tree DIR`, in every C++
+  built before it is raised (a `std::stringstream` streamed into, a `c10::str`/`fmt::format` kept in a
+  variable named as a message), in the C++ headers the wheel ships (`torch/include`); with `--cpp-tree DIR`, in every C++
   file of a PyTorch source tree (ATen, c10, torch/csrc, caffe2/serialize; Debian's source package of a
   release holds one); with `--cpp-source DIR`, in PyTorch source files copied from pytorch/pytorch (their
   commits listed in DIR/MANIFEST.tsv). A C++ template is kept only
