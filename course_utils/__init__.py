@@ -2,7 +2,7 @@
 
 One module per topic; every public name is re-exported here, so `from course_utils import NAME`
 works for all of them. The exercise checks (course scaffolding, not tools) live in
-`course_utils.exercises`, one module per chapter, and are re-exported here too.
+`course_utils.exercises`, one module per chapter (and one for the triage page), and are re-exported here too.
 """
 from course_utils.autograd import LineFit, fit_line
 from course_utils.broken_project import StageReport, check_distributed, check_export, check_resume, check_training
@@ -25,6 +25,7 @@ from course_utils.exercises.ddp_torchrun import *  # noqa: F403  (check_* of cha
 from course_utils.exercises.debugging import *  # noqa: F403  (check_* of chapter 3)
 from course_utils.exercises.inference import *  # noqa: F403  (check_* of chapter 6)
 from course_utils.exercises.tensors_autograd import *  # noqa: F403  (check_* of chapter 1)
+from course_utils.exercises.triage import *  # noqa: F403  (check_* of the triage page's drills)
 from course_utils.explain import Explanation, explain, load_ipython_extension, unload_ipython_extension
 from course_utils.inference import (CompiledModel, CompileWatch, OnnxVerification, PrecisionChoice, benchmark,
                                     choose_autocast, count_compilations, export_onnx, onnx_session, try_compile,

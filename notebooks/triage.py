@@ -18,9 +18,10 @@
 #
 # Something is wrong with your training and you do not know which chapter it belongs to. Find the symptom
 # below, ask its first question, and open the section that reproduces it (each link opens the section in
-# JupyterLab). An error *message* goes to `explain()`, at the bottom of this page.
+# JupyterLab). An error *message* goes to `explain()`, below the table; a run that raises nothing goes to
+# `diagnose`. Four drills at the bottom of the page give you only a symptom to start from.
 #
-# **Run All:** 4.8 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 9.1 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # | You see | Ask first | Where the course reproduces it |
 # |---|---|---|
@@ -48,6 +49,15 @@
 # | The ONNX model is wrong or refuses another batch size | Is the batch axis dynamic? Does `forward` branch or loop on values? | [6 §3 ONNX](06_inference.ipynb#heading=3.-ONNX-with-a-dynamic-batch-axis), [6 §4 control flow](06_inference.ipynb#heading=4.-Python-control-flow-in-forward), [6 §4 a loop at export](06_inference.ipynb#heading=A-Python-loop-at-export-time) |
 # | Half precision raises a dtype error, or gives `inf` | `.half()` or `autocast`? | [6 §1 half precision](06_inference.ipynb#heading=1.-Half-precision:-.half()-or-autocast) |
 
+# %%
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from course_utils import (check_binary_loss, check_deep_regressor, check_train_on_chunks, check_train_one_epoch,
+                          diagnose, exercise, explain, progress)
+
 # %% [markdown]
 # ## An error message: `explain()`
 #
@@ -55,8 +65,6 @@
 # ([ankitajaiswal00/Try-First#26](https://github.com/ankitajaiswal00/Try-First/issues/26)), cut as they pasted it:
 
 # %%
-from course_utils import explain
-
 pasted = '''RuntimeError: Error(s) in loading state_dict for DataParallel: Missing key(s) in state_dict: "module.conv1.weight", "module.bn1.weight", "module.bn1.bias", "module.bn1.running_mean", "module.bn1.running_var", "module.conv2.weight",
 Unexpected key(s) in state_dict: "state_dict".
 Traceback:
@@ -95,8 +103,6 @@ print(explain("KeyError: 'learning_rate'"))
 import tempfile
 from pathlib import Path
 
-from course_utils import diagnose
-
 script = Path(tempfile.mkdtemp()) / "train.py"
 script.write_text("""
 import torch
@@ -117,3 +123,105 @@ diagnosis
 # %%
 assert diagnosis.rules() == ["grad-not-cleared"] and diagnosis.findings[0].chapter == 1
 
+
+# %% [markdown]
+# ## Drills: from a symptom to its cause
+#
+# Four short functions, each written as someone wrote it on a real project, each with one bug behind one row
+# of the table above. You start where they did: from the symptom alone. Run a drill's cell: the check calls
+# the function on its own data and says what it saw (the error and the line that raised it, the `nan`, the
+# signal that faded). Find the row of the table, ask its first question with plain PyTorch (print a shape, a
+# `grad`, what one layer outputs), fix the function, and run the cell again. Each further failed attempt adds
+# a hint, mildest first; none of them is the solution. `progress(chapter=0)` at the bottom shows what you
+# have solved.
+#
+# **Drill 1 — `Trying to backward through the graph a second time` (1 bug).** `train_on_chunks` trains a
+# recurrent cell on a long signal read in chunks of a few steps: the hidden state carries from one chunk into
+# the next, so the model can remember what it saw, and each chunk gets its own backward pass and optimizer
+# step (a backward pass through the whole signal at once would keep the whole signal's activations in
+# memory). It returns the loss of each chunk. The check trains a `GRUCell` and an `RNNCell` on other chunk
+# counts, lengths and batch sizes, and compares the losses and weights with a correct loop.
+
+# %%
+@exercise
+def train_on_chunks(cell, head, chunks, lr):
+    optimizer = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=lr)
+    h = torch.zeros(chunks[0][0].shape[1], cell.hidden_size)
+    losses = []
+    for x, y in chunks:               # x: (steps, batch, features), y: (steps, batch, 1)
+        optimizer.zero_grad()
+        outputs = []
+        for x_t in x:
+            h = cell(x_t, h)
+            outputs.append(head(h))
+        loss = F.mse_loss(torch.stack(outputs), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+check_train_on_chunks(train_on_chunks)
+
+# %% [markdown]
+# **Drill 2 — the loss is `nan` once the model is sure (1 bug).** `binary_loss` is a binary classifier's
+# loss, written from its formula: the mean of −(t log σ(z) + (1 − t) log(1 − σ(z))) for logits z and targets
+# t. On paper it is right. The check compares its value and its gradient with the exact formula's, for
+# logits of every size (a confident model's ±40 and ±100 included), smoothed targets, float64, and a
+# multi-label batch.
+
+# %%
+@exercise
+def binary_loss(logits, targets):
+    p = torch.sigmoid(logits)
+    return -(targets * torch.log(p) + (1 - targets) * torch.log(1 - p)).mean()
+
+
+check_binary_loss(binary_loss)
+
+# %% [markdown]
+# **Drill 3 — it crashes at the end of the epoch (1 bug).** `train_one_epoch` trains a classifier with
+# BatchNorm for one epoch in shuffled batches and returns each step's loss. The check runs it for four models
+# on datasets of 49, 64, 29 and 45 samples, and looks at every batch the model sees, the optimizer's steps and
+# BatchNorm's running statistics.
+
+# %%
+@exercise
+def train_one_epoch(model, dataset, batch_size, optimizer):
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    model.train()
+    losses = []
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+check_train_one_epoch(train_one_epoch)
+
+# %% [markdown]
+# **Drill 4 — a deep network that gives every input the same answer (1 bug).** `deep_regressor` builds a
+# regression MLP of `depth` hidden layers (Linear + ReLU) and one output, with an initialisation its author
+# copied from an older, shallower model. The check builds networks of 12, 24 and 6 hidden layers and measures,
+# layer after layer, how much each layer's output varies with the input.
+
+# %%
+@exercise
+def deep_regressor(n_in, width, depth):
+    layers = []
+    for i in range(depth):
+        linear = nn.Linear(n_in if i == 0 else width, width)
+        nn.init.normal_(linear.weight, std=0.01)
+        nn.init.zeros_(linear.bias)
+        layers += [linear, nn.ReLU()]
+    layers.append(nn.Linear(width, 1))
+    return nn.Sequential(*layers)
+
+
+check_deep_regressor(deep_regressor)
+
+# %%
+print(progress(chapter=0))

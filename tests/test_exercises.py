@@ -1,9 +1,9 @@
 """The exercise protocol: progressive hints, the progress record, and every shipped exercise rejected.
 
-`shipped_exercises()` reads each chapter notebook and rebuilds the exercise functions exactly as a
-learner receives them (a `...` body, or code with planted bugs); each must fail its own check, or
-the exercise would be solved before the learner touched it. That each check *accepts* its reference
-is proven by the notebook run itself (COURSE_SOLUTIONS=1 makes a failing check raise).
+`shipped_exercises()` reads each notebook (the chapters and the triage page) and rebuilds the exercise
+functions exactly as a learner receives them (a `...` body, or code with planted bugs); each must fail
+its own check, or the exercise would be solved before the learner touched it. That each check *accepts*
+its reference is proven by the notebook run itself (COURSE_SOLUTIONS=1 makes a failing check raise).
 """
 import ast
 import json
@@ -15,7 +15,7 @@ import course_utils
 from course_utils import exercises, progress
 from course_utils.exercises import report_check
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))     # the chapters and triage
 
 
 def _code_cells(notebook: Path) -> list[str]:

@@ -148,7 +148,7 @@ def _record(name: str, *, solved: bool) -> int:
 
 @dataclass
 class Progress(ReadableResult):
-    """Exercises per chapter: (name, attempts, solved) rows; `solved` and `total` overall."""
+    """Exercises per chapter (0: the triage page): (name, attempts, solved) rows; `solved` and `total` overall."""
 
     chapters: dict[int, list[tuple[str, int, bool]]] = field(default_factory=dict)
 
@@ -164,7 +164,7 @@ class Progress(ReadableResult):
         lines = [f"Exercises solved: {self.solved} of {self.total}"]
         for chapter, rows in sorted(self.chapters.items()):
             done = sum(solved for _, _, solved in rows)
-            lines.append(f"Chapter {chapter}: {done}/{len(rows)}")
+            lines.append(f"{'Triage' if chapter == 0 else f'Chapter {chapter}'}: {done}/{len(rows)}")
             for name, attempts, solved in rows:
                 mark = "✓" if solved else ("✗" if attempts else "·")
                 tries = f"{attempts} attempt{'s' * (attempts != 1)}" if attempts else "not tried"
@@ -173,7 +173,8 @@ class Progress(ReadableResult):
 
 
 def progress(chapter: int | None = None) -> Progress:
-    """Which exercises of which chapter (default: every chapter) you have solved, from the progress file."""
+    """Which exercises of which chapter (default: every chapter; 0: the triage page) you have solved, from the
+    progress file."""
     import course_utils  # noqa: F401  (importing the package registers every chapter's exercises)
     data = _load()
     chapters: dict[int, list[tuple[str, int, bool]]] = {}
