@@ -32,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 7.5 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 5.4 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
@@ -803,6 +803,70 @@ with expect_error(RuntimeError, match="backward through the graph a second time"
     fit.backward()                                  # a third pass: the shared part, w * x + b, is freed now
 
 # %% [markdown]
+# ### A value carried from one step into the next: `.detach()` it
+#
+# The same error comes from a value that each step computes *and hands on* to the next: a recurrent
+# network's hidden state, a running average. Here a state `h` reads a signal one value per step,
+# `h = tanh(w * h + x_t)`, and each step fits `h` to the next value. Step 1's graph starts from step 0's
+# `h`, so step 1's `backward()` walks back into step 0's graph, which step 0's `backward()` freed:
+
+# %%
+stream = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device)   # a signal, one value per step
+w = torch.full((1,), 0.5, device=device, requires_grad=True)
+h = torch.zeros(1, device=device)
+with expect_error(RuntimeError, match="Trying to backward through the graph a second time"):
+    for t in range(len(stream) - 1):
+        h = torch.tanh(w * h + stream[t])           # BUG: h brings step t-1's graph into step t
+        loss = ((h - stream[t + 1]) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+            w.grad.zero_()
+print("steps completed before the error:", t)
+assert t == 1
+
+# %% [markdown]
+# `retain_graph=True`, as the message suggests, keeps every earlier step's graph, so each `backward()` runs
+# through all the steps so far (the time and memory of step t grow with t), and those graphs saved `w` as it
+# was then. The update has changed `w` in place since, and the next error says so:
+
+# %%
+w = torch.full((1,), 0.5, device=device, requires_grad=True)
+h = torch.zeros(1, device=device)
+with expect_error(RuntimeError, match="modified by an inplace operation"):
+    for t in range(len(stream) - 1):
+        h = torch.tanh(w * h + stream[t])
+        loss = ((h - stream[t + 1]) ** 2).mean()
+        loss.backward(retain_graph=True)
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+            w.grad.zero_()
+print("retain_graph=True: steps completed before the error:", t)
+assert t == 2
+
+# %% [markdown]
+# The fix keeps the *value* and drops the *history*: `h.detach()` at the start of each step is the same
+# numbers with no graph behind them. The state still carries what the signal did; the gradient stops at the
+# step's start (truncated backpropagation through time; a recurrent model reading a long sequence in chunks
+# does this once per chunk).
+
+# %%
+w = torch.full((1,), 0.5, device=device, requires_grad=True)
+h = torch.zeros(1, device=device)
+for t in range(len(stream) - 1):
+    h = h.detach()                                  # the value goes on; its graph stays behind
+    h = torch.tanh(w * h + stream[t])
+    loss = ((h - stream[t + 1]) ** 2).mean()
+    loss.backward()
+    with torch.no_grad():
+        w -= 0.1 * w.grad
+        w.grad.zero_()
+print(f"all {t + 1} steps ran; h = {h.item():.4f} (grad_fn {type(h.grad_fn).__name__}), "
+      f"h.detach() = {h.detach().item():.4f} (grad_fn {h.detach().grad_fn})")
+assert t == len(stream) - 2
+assert torch.equal(h.detach(), h) and h.detach().grad_fn is None
+
+# %% [markdown]
 # ## 7. Explore: learning rate and steps
 #
 # How large can the learning rate be? This loss is a quadratic bowl in `(w, b)`. Along `b` its curvature is
@@ -998,7 +1062,8 @@ check_per_loss_gradients(per_loss_gradients)
 #   derivative only when `f` is element-wise.
 # - One forward, one backward: `backward()` frees the tensors the graph saved. Compute the forward inside
 #   the loop, every step. `retain_graph=True` is for a second backward through the *same, unchanged*
-#   forward (two losses of one forward); in a training loop it only hides a stale forward.
+#   forward (two losses of one forward); in a training loop it only hides a stale forward. A value carried
+#   into the next step (a hidden state) is `.detach()`-ed at the step's start.
 # - Update under `torch.no_grad()`, in place (`-=`), then `grad.zero_()`: `backward()` accumulates, in
 #   place, into the one tensor `.grad` holds; `.clone()` a gradient you want to keep.
 # - Log `loss.item()`, not `loss`.
@@ -1025,7 +1090,7 @@ check_per_loss_gradients(per_loss_gradients)
 # | `RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn` | loss computed under `no_grad` or from tensors without `requires_grad` | 2 |
 # | `RuntimeError: grad can be implicitly created only for scalar outputs` | `backward()` on a loss per sample (no `.mean()`) or any other non-scalar | 2 (non-scalar) |
 # | `.sum().backward()` gives gradients that are not each element's own derivative | the outputs mix the inputs (a matrix product, `cumsum`, `softmax`): `v = 1` sums J's columns | 2 (non-scalar) |
-# | `RuntimeError: Trying to backward through the graph a second time` | part of the forward computed once, before the loop; or two losses of one forward, each `backward()`-ed | 6 (backward twice) |
+# | `RuntimeError: Trying to backward through the graph a second time` | part of the forward computed once, before the loop; a value carried from the last step (a hidden state) without `.detach()`; or two losses of one forward, each `backward()`-ed | 6 (backward twice, a carried value) |
 # | `retain_graph=True` silenced that error, and now the loss never changes | the prediction is computed once, from the first parameters: a stale forward | 6 (backward twice) |
 # | a gradient you stored earlier changed after another `backward()` | `g = w.grad` names the tensor that `backward()` adds into, in place | 5 |
 # | `RuntimeError: mat1 and mat2 shapes cannot be multiplied` on some batches only | a branch of `forward` with the wrong shapes | 6 |

@@ -21,7 +21,7 @@
 # JupyterLab). An error *message* goes to `explain()`, below the table; a run that raises nothing goes to
 # `diagnose`. Four drills at the bottom of the page give you only a symptom to start from.
 #
-# **Run All:** 9.1 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 11 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # | You see | Ask first | Where the course reproduces it |
 # |---|---|---|
@@ -30,8 +30,8 @@
 # | The loss does not go down; some weights never change | Did every parameter get a gradient, and did the optimizer see it? | [1 §5 forgotten `zero_()`](01_tensors_autograd.ipynb#heading=5.-Pitfall:-forgetting-grad.zero_(),-and-other-update-mistakes), [2 §4 layers in a plain list](02_data_and_modules.ipynb#heading=4.-Layers-in-a-plain-Python-list,-a-tensor-that-should-be-a-buffer), [2 §6 the training step](02_data_and_modules.ipynb#heading=6.-The-training-step,-written-out) |
 # | The loss grows step after step, then turns `inf`/`nan` | Is the learning rate above what this model tolerates (Adam's too)? | [1 §7 learning rate](01_tensors_autograd.ipynb#heading=7.-Explore:-learning-rate-and-steps), [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
 # | A deep network's loss stays at "predict the mean" from the first step | Do the activations vanish (or explode) layer after layer? The initialisation | [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
-# | The loss is `nan` from the first steps | Data, then model, then numerics — in that order | [3 §4 data](03_debugging.ipynb#heading=4.-Data), [3 §5 model](03_debugging.ipynb#heading=5.-Model:-log(softmax(x))-by-hand), [3 §5 a mean over zero elements](03_debugging.ipynb#heading=An-empty-sequence:-a-mean-over-zero-elements), [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
-# | `Trying to backward through the graph a second time` | Which part of the forward runs once, outside the loop? | [1 §6 backward twice](01_tensors_autograd.ipynb#heading=One-forward,-one-backward:-calling-backward()-twice) |
+# | The loss is `nan` from the first steps, or once the model grows confident | Data, then model, then numerics — in that order | [3 §4 data](03_debugging.ipynb#heading=4.-Data), [3 §5 model](03_debugging.ipynb#heading=5.-Model:-log(softmax(x))-by-hand), [3 §5 a mean over zero elements](03_debugging.ipynb#heading=An-empty-sequence:-a-mean-over-zero-elements), [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
+# | `Trying to backward through the graph a second time` | Which tensor from an earlier step does this step's graph reach: a forward run once, outside the loop, or a value carried over from the last step? | [1 §6 backward twice](01_tensors_autograd.ipynb#heading=One-forward,-one-backward:-calling-backward()-twice), [1 §6 a carried value](01_tensors_autograd.ipynb#heading=A-value-carried-from-one-step-into-the-next:-.detach()-it) |
 # | `grad can be implicitly created only for scalar outputs` | Is the loss reduced to one number? | [1 §2 a non-scalar `backward()`](01_tensors_autograd.ipynb#heading=backward()-on-a-non-scalar:-which-combination-of-the-outputs?) |
 # | `CUDA out of memory` | How much should the step need, and who holds the rest? | [3 §1 estimate](03_debugging.ipynb#heading=1.-Estimate-first,-then-measure), [3 §2 a real OOM](03_debugging.ipynb#heading=2.-A-real-OOM,-caught-and-retried) |
 # | Memory grows a little every step | Do you keep a tensor that holds its graph (`total += loss`)? | [3 §3 memory held by accident](03_debugging.ipynb#heading=3.-%22Fake-OOM%22:-memory-you-are-holding-by-accident) |
@@ -182,8 +182,8 @@ check_binary_loss(binary_loss)
 # %% [markdown]
 # **Drill 3 — it crashes at the end of the epoch (1 bug).** `train_one_epoch` trains a classifier with
 # BatchNorm for one epoch in shuffled batches and returns each step's loss. The check runs it for four models
-# on datasets of 49, 64, 29 and 45 samples, and looks at every batch the model sees, the optimizer's steps and
-# BatchNorm's running statistics.
+# on datasets of 49, 64, 29 and 45 samples, and looks at every batch the model sees, its loss, the optimizer's
+# steps and BatchNorm's running statistics.
 
 # %%
 @exercise
@@ -205,8 +205,9 @@ check_train_one_epoch(train_one_epoch)
 # %% [markdown]
 # **Drill 4 — a deep network that gives every input the same answer (1 bug).** `deep_regressor` builds a
 # regression MLP of `depth` hidden layers (Linear + ReLU) and one output, with an initialisation its author
-# copied from an older, shallower model. The check builds networks of 12, 24 and 6 hidden layers and measures,
-# layer after layer, how much each layer's output varies with the input.
+# copied from an older, shallower model. Keep the layers as they are (Linear and ReLU only). The check builds
+# networks of 12, 24 and 6 hidden layers and measures, layer after layer, how much each layer's output varies
+# with the input (the *signal*) and how large it is (its root mean square, the *size*).
 
 # %%
 @exercise
