@@ -30,7 +30,7 @@ from corpus_novelty import development_texts, seen  # noqa: E402
 from course_utils import explain  # noqa: E402
 from course_utils.error_origin import _index, _source_files, _vocabulary, template_versions  # noqa: E402
 
-HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in range(1, 18)}
+HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in range(1, 19)}
 LATEST = 17
 
 
