@@ -31,7 +31,7 @@ from course_utils import explain  # noqa: E402
 from course_utils.error_origin import _index, _source_files, _vocabulary, template_versions  # noqa: E402
 
 HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in range(1, 19)}
-LATEST = 17
+LATEST = 18
 
 
 LAYERS = ("curated rule", "template", "library layout", "traceback frame", "exception class", "log record", "topic",
