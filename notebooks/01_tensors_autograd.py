@@ -32,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 5.4 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 6.2 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
@@ -805,8 +805,10 @@ with expect_error(RuntimeError, match="backward through the graph a second time"
 # %% [markdown]
 # ### A value carried from one step into the next: `.detach()` it
 #
-# The same error comes from a value that each step computes *and hands on* to the next: a recurrent
-# network's hidden state, a running average. Here a state `h` reads a signal one value per step,
+# The same error comes from a value that each step computes *and hands on* to the next step's loss: a
+# recurrent network's hidden state, or any value the next loss is computed from. (A value kept only for
+# logging, a running average of the loss, raises nothing: it silently keeps every step's graph alive, which is
+# why you log `loss.item()`.) Here a state `h` reads a signal one value per step,
 # `h = tanh(w * h + x_t)`, and each step fits `h` to the next value. Step 1's graph starts from step 0's
 # `h`, so step 1's `backward()` walks back into step 0's graph, which step 0's `backward()` freed:
 
@@ -827,8 +829,10 @@ assert t == 1
 
 # %% [markdown]
 # `retain_graph=True`, as the message suggests, keeps every earlier step's graph, so each `backward()` runs
-# through all the steps so far (the time and memory of step t grow with t), and those graphs saved `w` as it
-# was then. The update has changed `w` in place since, and the next error says so:
+# back through all the steps so far, and those graphs saved `w` as it was then. The update has changed `w` in
+# place since, and the next error says so. It comes one step later than the first error: step 0's `w * h`
+# saved no `w`, because its `h` was zeros that need no gradient; step 1's saved `w` at version 1, and step 2's
+# `backward()` finds it at version 2:
 
 # %%
 w = torch.full((1,), 0.5, device=device, requires_grad=True)
@@ -846,25 +850,33 @@ assert t == 2
 
 # %% [markdown]
 # The fix keeps the *value* and drops the *history*: `h.detach()` at the start of each step is the same
-# numbers with no graph behind them. The state still carries what the signal did; the gradient stops at the
-# step's start (truncated backpropagation through time; a recurrent model reading a long sequence in chunks
-# does this once per chunk).
+# numbers with no `grad_fn` behind them, so the step's `backward()` stops there (truncated backpropagation
+# through time; a recurrent model reading a long sequence in chunks does this once per chunk). The state
+# still carries what the signal did: a loop that starts every step from zeros instead ends elsewhere.
 
 # %%
-w = torch.full((1,), 0.5, device=device, requires_grad=True)
-h = torch.zeros(1, device=device)
-for t in range(len(stream) - 1):
-    h = h.detach()                                  # the value goes on; its graph stays behind
-    h = torch.tanh(w * h + stream[t])
-    loss = ((h - stream[t + 1]) ** 2).mean()
-    loss.backward()
-    with torch.no_grad():
-        w -= 0.1 * w.grad
-        w.grad.zero_()
-print(f"all {t + 1} steps ran; h = {h.item():.4f} (grad_fn {type(h.grad_fn).__name__}), "
-      f"h.detach() = {h.detach().item():.4f} (grad_fn {h.detach().grad_fn})")
-assert t == len(stream) - 2
+def train_carrying(start_of_step):
+    """The loop above, each step starting from start_of_step(h); returns the last h and w."""
+    w = torch.full((1,), 0.5, device=device, requires_grad=True)
+    h = torch.zeros(1, device=device)
+    for t in range(len(stream) - 1):
+        h = start_of_step(h)
+        h = torch.tanh(w * h + stream[t])
+        loss = ((h - stream[t + 1]) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+            w.grad.zero_()
+    return h, w
+
+
+h, w = train_carrying(lambda h: h.detach())         # the value goes on; its graph stays behind
+h_reset, w_reset = train_carrying(torch.zeros_like) # no error either, but nothing carried
+print(f"detached: all steps ran; h = {h.item():.4f}, w = {w.item():.4f}; h.detach() = {h.detach().item():.4f} "
+      f"with grad_fn {h.detach().grad_fn}")
+print(f"reset to zeros every step: h = {h_reset.item():.4f}, w = {w_reset.item():.4f}")
 assert torch.equal(h.detach(), h) and h.detach().grad_fn is None
+assert not torch.allclose(h, h_reset) and not torch.allclose(w, w_reset)
 
 # %% [markdown]
 # ## 7. Explore: learning rate and steps
