@@ -32,7 +32,7 @@
 # first code cell prints it). On a CUDA GPU the same cells run unchanged with `device = cuda`, and
 # section 3 shows the `.to("cuda")` form of its pitfall for real.
 #
-# **Run All:** 5.1 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 5.5 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # Each pitfall is **reproduced → seen → diagnosed → fixed → asserted**: the broken code really runs,
 # and the `assert` lines are what CI checks on every PyTorch upgrade. `%load_ext course_utils` (first
@@ -807,8 +807,9 @@ with expect_error(RuntimeError, match="backward through the graph a second time"
 #
 # The same error comes from a value that each step computes *and hands on* to the next step's loss: a
 # recurrent network's hidden state, or any value the next loss is computed from. (A value kept only for
-# logging, a running average of the loss, raises nothing: it silently keeps every step's graph alive, which is
-# why you log `loss.item()`.) Here a state `h` reads a signal one value per step,
+# logging, such as a running total of the loss, raises nothing: it silently keeps a growing chain of graph
+# nodes alive, chapter 3 §3, which is why you log `loss.item()`.) Here a state `h` reads a signal one value
+# per step,
 # `h = tanh(w * h + x_t)`, and each step fits `h` to the next value. Step 1's graph starts from step 0's
 # `h`, so step 1's `backward()` walks back into step 0's graph, which step 0's `backward()` freed:
 
@@ -853,13 +854,14 @@ assert t == 2
 # numbers with no `grad_fn` behind them, so the step's `backward()` stops there (truncated backpropagation
 # through time; a recurrent model reading a long sequence in chunks does this once per chunk). The state
 # still carries what the signal did: a loop that starts every step from zeros instead ends elsewhere, and its
-# `w`, which acts only through the carried state, never gets a gradient at all.
+# `w`, which acts only through the carried state, gets a gradient of exactly 0 every step, so it never moves.
 
 # %%
 def train_carrying(start_of_step):
-    """The loop above, each step starting from start_of_step(h); returns the last h and w."""
+    """The loop above, each step starting from start_of_step(h); returns the last h, w and the steps run."""
     w = torch.full((1,), 0.5, device=device, requires_grad=True)
     h = torch.zeros(1, device=device)
+    steps = 0
     for t in range(len(stream) - 1):
         h = start_of_step(h)
         h = torch.tanh(w * h + stream[t])
@@ -868,15 +870,16 @@ def train_carrying(start_of_step):
         with torch.no_grad():
             w -= 0.1 * w.grad
             w.grad.zero_()
-    return h, w
+        steps += 1
+    return h, w, steps
 
 
-h, w = train_carrying(lambda h: h.detach())         # the value goes on; its graph stays behind
-h_reset, w_reset = train_carrying(torch.zeros_like) # no error either, but nothing carried
-print(f"detached: all steps ran; h = {h.item():.4f}, w = {w.item():.4f}; h.detach() = {h.detach().item():.4f} "
-      f"with grad_fn {h.detach().grad_fn}")
+h, w, steps = train_carrying(lambda h: h.detach())  # the value goes on; its graph stays behind
+h_reset, w_reset, _ = train_carrying(torch.zeros_like)   # no error either, but nothing carried
+print(f"detached: {steps} of {len(stream) - 1} steps ran; h = {h.item():.4f}, w = {w.item():.4f}; "
+      f"h.detach() = {h.detach().item():.4f} with grad_fn {h.detach().grad_fn}")
 print(f"reset to zeros every step: h = {h_reset.item():.4f}, w = {w_reset.item():.4f}")
-assert torch.equal(h.detach(), h) and h.detach().grad_fn is None
+assert steps == len(stream) - 1 and torch.equal(h.detach(), h) and h.detach().grad_fn is None
 assert not torch.allclose(h, h_reset) and w_reset.item() == 0.5            # reset: w never moved
 
 # %% [markdown]

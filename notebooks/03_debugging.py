@@ -809,6 +809,22 @@ print("nn.LogSoftmax:", loss.item(), "| F.cross_entropy on the logits:", same_as
 assert torch.isfinite(loss) and locate_nonfinite(stable, x) is None
 torch.testing.assert_close(loss, same_as_cross_entropy)
 
+# %% [markdown]
+# Two classes are the same story. `sigmoid` of a large logit rounds to exactly 1.0 in float32, so
+# `log(1 - sigmoid(z))` is `-inf` (and a target of 0 times it is `nan`). `F.logsigmoid(z)` computes log σ(z)
+# stably, log(1 − σ(z)) is `F.logsigmoid(-z)`, and `F.binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`)
+# is the whole binary loss computed that way, from the logits:
+
+# %%
+logit = torch.tensor([40.0])
+print("sigmoid(40) =", torch.sigmoid(logit).item(), "| log(1 - sigmoid(40)) =",
+      torch.log(1 - torch.sigmoid(logit)).item(), "| logsigmoid(-40) =", F.logsigmoid(-logit).item())
+print("BCE by hand, target 0:", -torch.log(1 - torch.sigmoid(logit)).item(),
+      "| F.binary_cross_entropy_with_logits:", F.binary_cross_entropy_with_logits(logit, torch.zeros(1)).item())
+assert torch.sigmoid(logit).item() == 1.0 and torch.isinf(torch.log(1 - torch.sigmoid(logit))).all()
+torch.testing.assert_close(F.logsigmoid(-logit), torch.tensor([-40.0]))
+torch.testing.assert_close(F.binary_cross_entropy_with_logits(logit, torch.zeros(1)), torch.tensor(40.0))
+
 
 # %% [markdown]
 # ### An empty sequence: a mean over zero elements
@@ -1450,7 +1466,7 @@ check_mean_kept_output(mean_kept_output)
 # | `empty_cache()` changes nothing | the memory is still referenced: drop the reference first | §3 |
 # | loss is `nan` from the first step | NaN/Inf in the data: `find_nonfinite(batch)` | §4 |
 # | loss is `inf`/`nan` with large logits | `log(softmax(x))` by hand: use `F.cross_entropy` | §5 |
-# | `-inf`, then `nan`, after a `log` | the log of 0 (a silent frame, a probability that underflowed): floor it, or use the stable form (`log_softmax`) | §5 |
+# | `-inf`, then `nan`, after a `log` | the log of 0 (a silent frame, a probability that underflowed): floor it, or use the stable form (`log_softmax`, `logsigmoid`, `binary_cross_entropy_with_logits`) | §5 |
 # | loss `nan` only for some batches, data finite | a mean over zero elements: an empty sequence in a masked mean | §5, "An empty sequence" |
 # | `nan`, or similarities exactly 0, only in float16 / mixed precision | a value past 65504 (a sum of squares, a dot product): reorder, or compute it in float32 | §6 (float16, autocast) |
 # | a reduction is float16 under autocast on CPU, float32 on GPU | autocast's op lists differ per device | §6, the autocast dtype cell |

@@ -21,7 +21,7 @@
 # JupyterLab). An error *message* goes to `explain()`, below the table; a run that raises nothing goes to
 # `diagnose`. Four drills at the bottom of the page give you only a symptom to start from.
 #
-# **Run All:** 7.3 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
+# **Run All:** 7.2 s of cell time in the run stored below, on CPU only: Intel(R) Xeon(R) Processor (2 logical cores, torch uses 2 threads); torch 2.13.0+cpu (written by `./course outputs`; the kernel's start adds a few seconds).
 #
 # | You see | Ask first | Where the course reproduces it |
 # |---|---|---|
@@ -31,7 +31,7 @@
 # | The loss grows step after step, then turns `inf`/`nan` | Is the learning rate above what this model tolerates (Adam's too)? | [1 §7 learning rate](01_tensors_autograd.ipynb#heading=7.-Explore:-learning-rate-and-steps), [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
 # | A deep network's loss stays at "predict the mean" from the first step | Do the activations vanish (or explode) layer after layer? The initialisation | [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
 # | The loss is `nan` from the first steps, or once the model grows confident | Data, then model, then numerics — in that order | [3 §4 data](03_debugging.ipynb#heading=4.-Data), [3 §5 model](03_debugging.ipynb#heading=5.-Model:-log(softmax(x))-by-hand), [3 §5 a mean over zero elements](03_debugging.ipynb#heading=An-empty-sequence:-a-mean-over-zero-elements), [3 §6 numerics](03_debugging.ipynb#heading=6.-Numerics) |
-# | `Trying to backward through the graph a second time` | Which tensor from an earlier step does this step's graph reach: a forward run once, outside the loop, or a value carried over from the last step? | [1 §6 backward twice](01_tensors_autograd.ipynb#heading=One-forward,-one-backward:-calling-backward()-twice), [1 §6 a carried value](01_tensors_autograd.ipynb#heading=A-value-carried-from-one-step-into-the-next:-.detach()-it) |
+# | `Trying to backward through the graph a second time` | Which tensor from an earlier step does this step's graph reach: a forward run once, outside the loop, or a value carried over from the last step? Or do two losses of one forward each call `backward()`? | [1 §6 backward twice](01_tensors_autograd.ipynb#heading=One-forward,-one-backward:-calling-backward()-twice), [1 §6 a carried value](01_tensors_autograd.ipynb#heading=A-value-carried-from-one-step-into-the-next:-.detach()-it) |
 # | `grad can be implicitly created only for scalar outputs` | Is the loss reduced to one number? | [1 §2 a non-scalar `backward()`](01_tensors_autograd.ipynb#heading=backward()-on-a-non-scalar:-which-combination-of-the-outputs?) |
 # | `CUDA out of memory` | How much should the step need, and who holds the rest? | [3 §1 estimate](03_debugging.ipynb#heading=1.-Estimate-first,-then-measure), [3 §2 a real OOM](03_debugging.ipynb#heading=2.-A-real-OOM,-caught-and-retried) |
 # | Memory grows a little every step | Do you keep a tensor that holds its graph (`total += loss`)? | [3 §3 memory held by accident](03_debugging.ipynb#heading=3.-%22Fake-OOM%22:-memory-you-are-holding-by-accident) |
@@ -166,9 +166,9 @@ check_train_on_chunks(train_on_chunks)
 # %% [markdown]
 # **Drill 2 — the loss is `nan` once the model is sure (1 bug).** `binary_loss` is a binary classifier's
 # loss, written from its formula: the mean of −(t log σ(z) + (1 − t) log(1 − σ(z))) for logits z and targets
-# t. On paper it is right. The check compares its value and its gradient with the exact formula's, for
-# logits of every size (a confident model's ±40 and ±100 included), smoothed targets, float64, and a
-# multi-label batch.
+# t. On paper it is right. The check compares its value and its gradient with a numerically stable
+# computation of the same formula, for logits of every size (a confident model's ±40 and ±100 included),
+# smoothed targets, float64, and a multi-label batch.
 
 # %%
 @exercise

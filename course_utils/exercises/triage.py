@@ -111,7 +111,8 @@ def check_train_on_chunks(fn: Callable) -> Verdict:
              "`retain_graph=True` keeps that old graph, but the optimizer has changed the weights it saved since "
              "(the next error says so); and a hidden state reset to zeros forgets the sequence: you want the "
              "hidden state's *value*, without its *history*",
-             "a tensor's `.detach()` is its values with no history behind them (chapter 1 §2)"]
+             "a tensor's `.detach()` is its values with no history behind them (chapter 1 §6, a value carried from one "
+             "step into the next)"]
     for description, cell, head, chunks, lr in _chunk_cases():
         untrained = copy.deepcopy(cell), copy.deepcopy(head)
         expected_cell, expected_head = copy.deepcopy(cell), copy.deepcopy(head)
@@ -171,7 +172,8 @@ def _binary_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
 def check_binary_loss(fn: Callable) -> Verdict:
     """Exercise: `fn(logits, targets)` returns binary cross-entropy as a 0-dim tensor, the mean over all
     elements of -(t log σ(z) + (1 - t) log(1 - σ(z))), that backpropagates to `logits`. Its value and its
-    gradient must be those of the exact formula, finite, for logits of any size (±100 included), for
+    gradient must be those of a numerically stable computation of it (PyTorch's), finite, for logits of any
+    size (±100 included), for
     targets between 0 and 1, in float32 and float64, in any shape; `logits` must not be changed."""
     name = "binary_loss"
     hints = ["print `torch.sigmoid(torch.tensor(40.))` and `1 - torch.sigmoid(torch.tensor(40.))`: what is the log "
@@ -205,8 +207,8 @@ def check_binary_loss(fn: Callable) -> Verdict:
         if not torch.equal(theirs.detach(), before):
             return report_check(name, False, f"{description}: your function changed `logits` in place", hints)
         if not torch.isclose(got.detach().double(), expected.detach().double(), rtol=1e-4, atol=1e-6):
-            return report_check(name, False, f"{description}: the loss is {got.item():.4g}, the exact formula "
-                                             f"gives {expected.item():.4g}", hints)
+            return report_check(name, False, f"{description}: the loss is {got.item():.4g}, a numerically stable "
+                                             f"computation gives {expected.item():.4g}", hints)
         try:
             (grad,) = torch.autograd.grad(got, theirs, allow_unused=True)
         except RuntimeError as error:
@@ -220,7 +222,8 @@ def check_binary_loss(fn: Callable) -> Verdict:
             return report_check(name, False, f"{description}: the loss is right but the gradient for the logit "
                                              f"{logits.flatten()[i].item():.3g} (target "
                                              f"{targets.flatten()[i].item():.3g}) is {grad.flatten()[i].item():.3g}, "
-                                             f"the exact formula gives {expected_grad.flatten()[i].item():.3g}", hints)
+                                             f"a numerically stable computation gives "
+                                             f"{expected_grad.flatten()[i].item():.3g}", hints)
     return report_check(name, True, None, hints)
 
 
