@@ -16,10 +16,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
+
+import torch
 
 from course_utils._display import ReadableResult
 
@@ -63,6 +66,26 @@ def exercise(fn: F) -> F:
         raise KeyError(f"no reference solution is registered for exercise {fn.__name__!r}")
     print(f"(COURSE_SOLUTIONS=1: the reference solution of {fn.__name__} is in place)")
     return _REFERENCES[fn.__name__].fn  # type: ignore[return-value]
+
+
+# --- helpers the checks share ---------------------------------------------------------------
+
+def _raised(error: BaseException, limit: int = 120) -> str:
+    """The learner's exception in one short line, with the line of their code that raised it."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if len(message) > limit:
+        message = message[:limit].rsplit(" ", 1)[0] + " …"
+    theirs = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if not any(part in frame.filename for part in ("/torch/", "course_utils"))]
+    where = f" at `{theirs[-1].line.strip()}`" if theirs and theirs[-1].line else ""
+    return f"your function raised {type(error).__name__}{where}: {message}"
+
+
+def _seeded(seed: int, build: Callable[[], object]):
+    """`build()` under its own seed, leaving the notebook's random stream as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
 
 
 # --- verdicts and progressive hints -------------------------------------------------------

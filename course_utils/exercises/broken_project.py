@@ -12,7 +12,6 @@ crash, and a hook the learner's code leaves behind is removed by the check after
 from __future__ import annotations
 
 import copy
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -20,28 +19,10 @@ from torch import nn
 from torch.nn.modules import module as module_hooks
 from torch.optim import optimizer as optimizer_hooks
 
-from course_utils.exercises import Verdict, reference_solution, report_check
+from course_utils.exercises import Verdict, _raised, _seeded, reference_solution, report_check
 
 __all__ = ["check_accuracy_restoring_modes", "check_leaks_gradients", "check_outputs_are_probabilities",
            "check_parameters_left_out"]
-
-
-def _raised(error: BaseException, limit: int = 120) -> str:
-    """The learner's exception in one short line, with the line of their code that raised it."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    if len(message) > limit:
-        message = message[:limit].rsplit(" ", 1)[0] + " …"
-    theirs = [frame for frame in traceback.extract_tb(error.__traceback__)
-              if not any(part in frame.filename for part in ("/torch/", "course_utils"))]
-    where = f" at `{theirs[-1].line.strip()}`" if theirs and theirs[-1].line else ""
-    return f"your function raised {type(error).__name__}{where}: {message}"
-
-
-def _seeded(seed: int, build: Callable[[], object]):
-    """`build()` under its own seed, leaving the notebook's random stream as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
 
 
 _GLOBAL_HOOKS = [  # PyTorch's registries of global hooks (private: only the learner's code holds the handles)

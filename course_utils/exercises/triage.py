@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from course_utils.exercises import Verdict, reference_solution, report_check
-from course_utils.exercises.broken_project import _raised, _seeded
+from course_utils.exercises import Verdict, _raised, _seeded, reference_solution, report_check
 
 __all__ = ["check_binary_loss", "check_deep_regressor", "check_train_on_chunks", "check_train_one_epoch"]
 
