@@ -551,7 +551,6 @@ def test_a_triton_frame_is_torch_compiles():
     ("ValueError: SyncBatchNorm expected input tensor to be on GPU", 5),
     ("AssertionError: DistributedDataParallel is not needed when a module doesn't have any parameter that requires "
      "a gradient.", 5),
-    ("safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge", 4),
     ("NotImplementedError: The operator 'aten::foo' is not currently implemented for the MPS device.", 1),
     ("RuntimeError: index 7 is out of range at /pytorch/aten/src/TH/generic/THTensorEvenMoreMath.cpp:193", 3),
 ])
