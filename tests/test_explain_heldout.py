@@ -48,3 +48,13 @@ def test_readme_shows_what_the_code_gives_on_the_latest_set():
     table = explain_heldout.table(explain_heldout.measure(explain_heldout.LATEST))
     assert table in (ROOT / "README.md").read_text(), (
         "README's held-out table differs from the code's; paste `python benchmarks/explain_heldout.py`:\n" + table)
+
+
+def test_the_stored_label_agreement_is_what_the_blind_labels_give():
+    import label_agreement
+    stored = (ROOT / "benchmarks" / "label_agreement" / "measured.txt").read_text(encoding="utf-8")
+    assert label_agreement.table() + "\n" == stored
+    labelled = [json.loads(line) for line in label_agreement.LABELS.read_text(encoding="utf-8").splitlines()]
+    for heldout_set in (17, 18):        # every message of both sets, labelled once by each reader
+        lines = sorted(entry["line"] for entry in labelled if entry["set"] == heldout_set)
+        assert lines == list(range(len(label_agreement.collectors_labels(heldout_set))))
