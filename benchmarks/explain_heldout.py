@@ -30,12 +30,12 @@ from corpus_novelty import development_texts, seen  # noqa: E402
 from course_utils import explain  # noqa: E402
 from course_utils.error_origin import _index, _source_files, _vocabulary, template_versions  # noqa: E402
 
-HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in range(1, 19)}
-LATEST = 18
+HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in range(1, 20)}
+LATEST = 19
 
 
 LAYERS = ("curated rule", "template", "library layout", "traceback frame", "exception class", "log record", "topic",
-          "vocabulary")
+          "vocabulary", "learned")
 
 
 def layer(explanation) -> str:
@@ -43,6 +43,8 @@ def layer(explanation) -> str:
     if explanation.confidence == "curated":
         return "curated rule"
     origin = explanation.origin
+    if explanation.id.startswith("chapter-"):
+        return "learned"
     if "probability" in origin:
         return "vocabulary"
     if "its words are about" in origin:
