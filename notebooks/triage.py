@@ -86,7 +86,8 @@ assert any("'state_dict' entry" in cause for cause in explanation.causes)
 
 # %% [markdown]
 # In a notebook, `%load_ext course_utils` does this under every error it recognises, with the same link.
-# It says nothing about an error it does not know rather than guess:
+# A message only its words place gets a chapter marked *low confidence*; one with too little to go on gets
+# nothing rather than a guess:
 
 # %%
 assert explain("KeyError: 'learning_rate'") is None
