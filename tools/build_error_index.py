@@ -205,51 +205,25 @@ def python_templates(package: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------- C++: headers and copied sources
-def _cpp_arguments(text: str, start: int) -> tuple[list[str], int]:
-    """Top-level comma-separated arguments of the call whose '(' is at text[start]; and the end index."""
-    depth, args, current, i = 0, [], [], start
-    while i < len(text):
-        ch = text[i]
-        if ch == '"' or (ch == "R" and text.startswith('R"', i)):
-            end = _cpp_string_end(text, i)
-            current.append(text[i:end])
-            i = end
-            continue
-        if ch == "'":
-            end = text.find("'", i + 2 if text[i + 1] == "\\" else i + 1)
-            if end < 0:                               # an apostrophe in prose: not a character literal
-                raise ValueError("unbalanced quote")
-            current.append(text[i:end + 1])
-            i = end + 1
-            continue
+def _cpp_arguments(text: str, start: int, code: str | None = None) -> tuple[list[str], int]:
+    """Top-level comma-separated arguments of the call whose '(' is at text[start]; and the end index. `code` is
+    the text with its literals blanked (`_blanked`, computed when not given), which says where brackets and commas
+    are code rather than a string's characters."""
+    code = _blanked(text) if code is None else code
+    depth, begin, args = 0, start + 1, []
+    for i in range(start, len(code)):
+        ch = code[i]
         if ch in "([{":
             depth += 1
-            if depth == 1:
-                i += 1
-                continue
         elif ch in ")]}":
             depth -= 1
             if depth == 0:
-                args.append("".join(current).strip())
+                args.append(text[begin:i].strip())
                 return args, i + 1
         elif ch == "," and depth == 1:
-            args.append("".join(current).strip())
-            current = []
-            i += 1
-            continue
-        current.append(ch)
-        i += 1
+            args.append(text[begin:i].strip())
+            begin = i + 1
     return args, len(text)
-
-
-def _cpp_string_end(text: str, i: int) -> int:
-    if text.startswith('R"', i):
-        delimiter = text[i + 2:text.index("(", i)]
-        return text.index(")" + delimiter + '"', i) + len(delimiter) + 2
-    i += 1
-    while text[i] != '"':
-        i += 2 if text[i] == "\\" else 1
-    return i + 1
 
 
 _ESCAPES = {"n": "\n", "t": "\t", '"': '"', "'": "'", "\\": "\\"}
@@ -374,12 +348,13 @@ def cpp_templates(path: Path, relative: str) -> list[dict]:
             continue
         if entry:
             out.append(entry)
+    code = _blanked(text)
     for match in _CPP_CALL.finditer(text):
         name = match.group(1)
         if name in {"fmt::format", "c10::str"}:
             continue                                  # reached as an argument of a check or a throw
         try:
-            args, _ = _cpp_arguments(text, match.end() - 1)
+            args, _ = _cpp_arguments(text, match.end() - 1, code)
         except (ValueError, IndexError):
             continue
         skip = CPP_MACROS.get(name, 0)
