@@ -71,6 +71,16 @@ def test_the_generator_reads_python_and_cpp_messages(tmp_path):
     assert found == {f"Expected 4D input, but got input of size: {HOLE} instead", f"rank {HOLE} failed after {HOLE} ms"}
 
 
+def test_the_generator_steps_over_cpp_literals_whose_characters_look_like_code(tmp_path):
+    cpp = tmp_path / "Ops.cpp"
+    cpp.write_text("TORCH_CHECK(c != ')', \"Could not run '\", op, \"' with arguments from the '\", key,\n"
+                   "            \"' backend (\\\"\", x, \"\\\")\");\n"
+                   'TORCH_CHECK(ok, R"-(a raw message with a "quote" and ) inside)-", n, ", or (");\n')
+    found = {e["t"] for e in build_error_index.cpp_templates(cpp, "ATen/core/Ops.cpp")}
+    assert found == {f"Could not run '{HOLE}' with arguments from the '{HOLE}' backend (\"{HOLE}\")",
+                     f'a raw message with a "quote" and ) inside{HOLE}, or ('}
+
+
 def test_the_generator_reads_cpp_messages_built_before_they_are_raised(tmp_path):
     cpp = tmp_path / "engine.cpp"
     cpp.write_text('void a() {\n'

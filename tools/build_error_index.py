@@ -238,9 +238,9 @@ def _cpp_literal_value(literal: str) -> str:
 def _cpp_pieces(argument: str) -> list[str]:
     """An argument made only of adjacent string literals gives its text; `fmt::format("..{}..", ...)` and
     `c10::str(...)` give their pieces; anything else is a hole."""
-    literals = re.fullmatch(r'\s*((?:R?"(?:[^"\\]|\\.)*"\s*)+)', argument, flags=re.DOTALL)
-    if literals:
-        return ["".join(_cpp_literal_value(s) for s in re.findall(r'R?"(?:[^"\\]|\\.)*"', literals.group(1)))]
+    strings = [literal.group() for literal in _LITERAL.finditer(argument) if literal.group()[0] != "'"]
+    if strings and not _LITERAL.sub("", argument).strip():
+        return ["".join(_cpp_literal_value(string) for string in strings)]
     call = re.match(r"\s*(fmt::format|c10::str)\s*\(", argument)
     if call:
         inner, _ = _cpp_arguments(argument, call.end() - 1)
@@ -277,7 +277,8 @@ def _cpp_entry(pieces: list[str], relative: str, error: str) -> dict | None:
 _STREAM = re.compile(r"\b(?:std::)?o?stringstream\s+(\w+)\s*(?:\{\s*\}|\(\s*\))?\s*;")
 _BUILT = re.compile(r"\b\w*(?:msg|message|err|error|reason|what)\w*\s*\+?=\s*(c10::str|fmt::format)\s*\(",
                     flags=re.IGNORECASE)
-_LITERAL = re.compile(r'R"(\w*)\(.*?\)\1"|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)\'', flags=re.DOTALL)
+# a raw string's delimiter is up to 16 characters other than parentheses, a backslash and white space
+_LITERAL = re.compile(r'R"([^()\\\s"]{0,16})\(.*?\)\1"|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)\'', flags=re.DOTALL)
 
 
 def _blanked(text: str) -> str:
