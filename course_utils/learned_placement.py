@@ -8,7 +8,7 @@ they joined it), for seven classes: chapters 1–6 and "not PyTorch's".
 
 Features: the words and adjacent word pairs of the message as `explain` normalises it, lower-cased, hex addresses
 and numbers left out, hashed into 2**BITS buckets (the hashing trick: no vocabulary to store; a word never seen
-in training falls in a bucket whose weight is small or zero). Each message's features weigh 1/sqrt(count), so a
+in training falls in a bucket whose weight is zero unless a trained word shares it: about 16 % of buckets hold one). Each message's features weigh 1/sqrt(count), so a
 long traceback does not outvote a short error line. The model is multinomial logistic regression, stored as
 int8 weights with one scale per class (`data/learned_placement.npz`).
 
@@ -48,10 +48,8 @@ def _model() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return stored["weights"], stored["scales"], stored["bias"]
 
 
-def probabilities(text: str) -> np.ndarray:
-    """P(class | message) for CLASSES (not PyTorch's, chapters 1–6): shape [7], summing to 1."""
+def _probabilities(buckets: list[int]) -> np.ndarray:
     weights, scales, bias = _model()
-    buckets = features(text)
     logits = bias.astype(np.float64)
     if buckets:
         logits = logits + weights[buckets].sum(axis=0, dtype=np.int64) * scales / np.sqrt(len(buckets))
@@ -59,17 +57,27 @@ def probabilities(text: str) -> np.ndarray:
     return exp / exp.sum()
 
 
+def probabilities(text: str) -> np.ndarray:
+    """P(class | message) for CLASSES (not PyTorch's, chapters 1–6): shape [7], summing to 1."""
+    return _probabilities(features(text))
+
+
+def _known(buckets: list[int]) -> int:
+    return int(np.count_nonzero(_model()[0][buckets].any(axis=1)))
+
+
 def known_words(text: str) -> int:
-    """How many of the message's features the model learned a weight for (words and pairs seen in training)."""
-    weights = _model()[0]
-    return int(np.count_nonzero(weights[features(text)].any(axis=1)))
+    """How many of the message's features hold a learned weight (words and pairs seen in training, or sharing a
+    bucket with one)."""
+    return _known(features(text))
 
 
 def learned_chapter(text: str) -> tuple[int | None, float] | None:
     """The most probable class of a normalised message (a chapter, or None: not PyTorch's) and its probability;
-    None when fewer than MIN_KNOWN of its words and pairs were seen in training ("KeyError: 'x'" is one word)."""
-    if known_words(text) < MIN_KNOWN:
+    None when fewer than MIN_KNOWN of its features hold a weight ("KeyError: 'x'" has one)."""
+    buckets = features(text)
+    if _known(buckets) < MIN_KNOWN:
         return None
-    p = probabilities(text)
+    p = _probabilities(buckets)
     best = int(p.argmax())
     return CLASSES[best], float(p[best])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import explain, learned_placement
+from course_utils import error_origin, explain, learned_placement
 from course_utils.error_origin import topic_of, vocabulary_area
 from course_utils.explain import CHAPTER_TITLES, CHAPTERS, LEARNED_NOT_PYTORCH, normalise
 from course_utils.learned_placement import MIN_KNOWN, features, known_words, learned_chapter, probabilities
@@ -95,6 +95,24 @@ def test_worded_like_errors_that_are_not_pytorchs_silences_a_placement_by_words_
     assert topic_of(text) is not None or vocabulary_area(text) is not None      # the words alone would place it
     chapter, probability = learned_chapter(text)
     assert chapter is None and probability >= LEARNED_NOT_PYTORCH
+    assert explain(message) is None
+
+
+def test_only_a_message_nothing_shows_to_be_pytorchs_can_be_silenced():
+    # the innermost frame is PyTorch's: its area stands, however much the last line reads like another library's
+    framed = ('  File "/venv/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1501, in _call_impl\n'
+              '    return forward_call(*args, **kwargs)\n'
+              'cupy.cuda.runtime.CUDARuntimeError: cudaErrorNoDevice: no CUDA-capable device is detected')
+    assert learned_chapter(normalise(framed))[0] is None                 # the words alone: not PyTorch's
+    got = explain(framed)
+    assert got is not None and (got.id, got.chapter) == ("area-cuda", 1)
+
+
+def test_a_message_from_a_part_no_chapter_teaches_gets_no_chapter_from_its_words():
+    message = "RuntimeError: module has no attribute 'forward'"      # a template of torch/ao, which no chapter teaches
+    found = error_origin.origin(normalise(message))
+    assert found is not None and found.found_by == "template" and found.area is None
+    assert learned_chapter(normalise(message))[0] is not None          # its words alone would give one
     assert explain(message) is None
 
 

@@ -61,8 +61,17 @@ def examples(paths: list[Path] = DEVELOPMENT) -> list[tuple[str, int | None]]:
 
 def train(data: list[tuple[str, int | None]]) -> dict[str, np.ndarray]:
     """Fit the classifier; the int8 weights, per-class scales and bias that learned_placement reads."""
-    torch.manual_seed(0)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)                      # one summation order: the same weights on every run
+    try:
+        return _fit(data)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(data: list[tuple[str, int | None]]) -> dict[str, np.ndarray]:
+    """The optimisation itself, from a fixed seed (train() fixes its thread count)."""
+    torch.manual_seed(0)
     buckets, offsets, weights = [], [], []
     for message, _ in data:
         found = features(_in_cuda_words(normalise(message)))
