@@ -54,8 +54,10 @@ def figures(sets: tuple[int, ...]) -> list[str]:
 
 
 def table() -> str:
+    """The stored table: per set, each reader against the collectors, and the readers against each other."""
     lines = ["| messages (PyTorch + not) | reader A: right chapter; false alarms | reader B: right chapter; false "
-             "alarms | A and B give the same label | PyTorch labels marked sure that are right |", "|---|---|---|---|---|"]
+             "alarms | A and B give the same label | PyTorch labels marked sure that are right |",
+             "|---|---|---|---|---|"]
     for sets in ((17,), (18,), (17, 18)):
         lines.append("| " + " | ".join(figures(sets)) + " |")
     return "\n".join(lines)

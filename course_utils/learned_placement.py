@@ -8,9 +8,10 @@ they joined it), for seven classes: chapters 1–6 and "not PyTorch's".
 
 Features: the words and adjacent word pairs of the message as `explain` normalises it, lower-cased, hex addresses
 and numbers left out, hashed into 2**BITS buckets (the hashing trick: no vocabulary to store; a word never seen
-in training falls in a bucket whose weight is zero unless a trained word shares it: about 16 % of buckets hold one). Each message's features weigh 1/sqrt(count), so a
-long traceback does not outvote a short error line. The model is multinomial logistic regression, stored as
-int8 weights with one scale per class (`data/learned_placement.npz`).
+in training falls in a bucket whose weight is zero unless a trained word shares it: about 16 % of buckets hold
+one). Each message's features weigh 1/sqrt(count), so a long traceback does not outvote a short error line. The
+model is multinomial logistic regression, stored as int8 weights with one scale per class
+(`data/learned_placement.npz`).
 
 Written here, not taken from scikit-learn: the course does not depend on it, and the model is one sparse dot
 product; training is a few lines of torch in the tool.
@@ -27,8 +28,8 @@ import numpy as np
 WEIGHTS = Path(__file__).parent / "data" / "learned_placement.npz"
 BITS = 18
 CLASSES = (None, 1, 2, 3, 4, 5, 6)            # index 0: an error that is not PyTorch's
-MIN_KNOWN = 3     # features seen in training a placement needs (leave-one-set-out on sets 5-18: no real message had
-                  # fewer, so it only keeps a bare "KeyError: 'x'" from being read as a state_dict's missing key)
+MIN_KNOWN = 3     # features with a weight a placement needs (leave-one-set-out on sets 5-18 gave the same figures
+                  # as no minimum: it keeps a bare "KeyError: 'x'" from being read as a state_dict's missing key)
 _WORD = re.compile(r"[a-z_][a-z0-9_]*[a-z0-9]")
 _HEX = re.compile(r"0x[0-9a-f]+")
 
