@@ -14,7 +14,9 @@ wins, so more specific kinds come first.
 A message no rule matches is *placed* by `course_utils.error_origin`: where in PyTorch it was raised (the
 message template of PyTorch's sources it matches, a traceback frame, its own words), and the chapter that
 teaches that part of PyTorch; the explanation then says there is no curated fix, and which placements are
-low-confidence. `benchmarks/explain_heldout.py` measures both layers on messages collected after they were
+low-confidence. Where nothing says where it was raised, `course_utils.learned_placement` reads its words (a
+classifier trained on the course's labelled real messages) and gives a chapter at low confidence, or no answer
+when they read like an error that is not PyTorch's. `benchmarks/explain_heldout.py` measures both layers on messages collected after they were
 written.
 
 What is *not* claimed, on purpose: out-of-memory errors that are not PyTorch's (NumPy's
@@ -84,7 +86,8 @@ class Explanation(ReadableResult):
     teaches the fix without raising that error). A
     *placement* (`confidence` "placed" or "low") is what is known of a PyTorch message no rule covers:
     `origin` says where in PyTorch it was raised, `causes` and `fix` are empty, and the chapter is the
-    one that teaches that part of PyTorch; "low" when that part is broad (any layer, any tensor op)."""
+    one that teaches that part of PyTorch; "low" when that part is broad (any layer, any tensor op), or when only
+    the message's words place it (id "chapter-N": course_utils.learned_placement)."""
 
     id: str
     title: str
@@ -849,7 +852,7 @@ def explain(error: BaseException | str) -> Explanation | None:
         text = _in_cuda_words(normalise("".join(traceback.format_exception(error))))
     found = origin(text)
     area = found.area if found else None
-    by_words = False                    # placed by the topic or vocabulary layers, from the error's words
+    placed_by_words = False             # placed by the topic or vocabulary layers, from the error's words
     raised_outside = _raised_outside_pytorch(text)
     where = found.describe() if found else ""
     # PyTorch's, but not placed: a library string whose file the layout could not tell
@@ -862,18 +865,18 @@ def explain(error: BaseException | str) -> Explanation | None:
             where = (f"{where}; its words are about {topic.what}" if where else
                      f"no PyTorch message matches; its words are about {topic.what}")
             area = topic
-            by_words = True
+            placed_by_words = True
     if area is None and (unplaced or found is None and looks_like_pytorch(text)) and not raised_outside:
         by_words = vocabulary_area(text)
         if by_words is not None:
             area, posterior = by_words
             where = (f"no PyTorch message matches; its words are those PyTorch's own messages use in "
                      f"{area.what} (probability {posterior:.2f})")
-            by_words = True
+            placed_by_words = True
     # The learned placement reads the words of a message nothing placed (but not of one from a part of PyTorch no
     # chapter teaches), and may silence a placement by words alone when nothing shows the message is PyTorch's; it
     # reads no traceback whose innermost frame is the user's or another library's, as the vocabulary layer does not
-    if (area is None and not untaught or found is None and by_words) and not raised_outside:
+    if (area is None and not untaught or found is None and placed_by_words) and not raised_outside:
         learned = learned_chapter(text)
         if learned is not None:
             chapter, probability = learned
