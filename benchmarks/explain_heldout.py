@@ -25,12 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from corpus_novelty import DEVELOPMENT, development_texts, seen  # noqa: E402
+from corpus_novelty import DEVELOPMENT, development_texts, heldout_path, seen  # noqa: E402
 
 from course_utils import explain  # noqa: E402
 from course_utils.error_origin import _index, _source_files, _vocabulary, template_versions  # noqa: E402
 
-HELDOUT = {n: ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in range(1, 20)}
+HELDOUT = {n: heldout_path(n) for n in range(1, 20)}
 LATEST = 19
 
 

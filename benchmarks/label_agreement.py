@@ -12,14 +12,19 @@ chapter, as `benchmarks/explain_heldout.py` counts them for `explain()`.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from corpus_novelty import heldout_path  # noqa: E402
+
 LABELS = ROOT / "benchmarks" / "label_agreement" / "blind_labels.jsonl"
 
 
 def collectors_labels(heldout_set: int) -> list[int | None]:
-    path = ROOT / "tests" / "data" / f"heldout{heldout_set}_errors.jsonl"
+    path = heldout_path(heldout_set)
     return [json.loads(line)["chapter"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 

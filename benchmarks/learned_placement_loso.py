@@ -41,12 +41,12 @@ def scored(entries: list[dict]) -> tuple[int, int, int, int]:
 
 def fold(held_out: Path, folder: Path) -> dict[str, tuple[int, int, int, int]]:
     """explain() with and without a learned placement trained without `held_out`, on its new wordings."""
-    training = [path for path in DEVELOPMENT if path != held_out]
-    texts = [_grams(_canonical(message).split()) for message, _ in examples(training)]
+    training = examples([path for path in DEVELOPMENT if path != held_out])
+    texts = [_grams(_canonical(message).split()) for message, _ in training]
     entries = [json.loads(line) for line in held_out.read_text(encoding="utf-8").splitlines() if line.strip()]
     new = [entry for entry in entries if not seen(entry["message"], texts)]
     weights = folder / f"{held_out.stem}.npz"
-    np.savez_compressed(weights, **train(examples(training)))
+    np.savez_compressed(weights, **train(training))
     learned_placement.WEIGHTS = weights
     learned_placement._model.cache_clear()
     with_learned = scored(new)

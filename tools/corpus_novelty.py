@@ -20,7 +20,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # the corpus the rules are written from, and the held-out sets 1-18, measured once each and since then the
 # learned placement's training data (tools/train_placement.py): a new held-out set repeats no wording of either
-SPENT_HELDOUT = [ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl" for n in range(1, 19)]
+def heldout_path(n: int) -> Path:
+    """The file of held-out set n (set 1's name has no number)."""
+    return ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl"
+
+
+SPENT_HELDOUT = [heldout_path(n) for n in range(1, 19)]
 DEVELOPMENT = [ROOT / "tests" / "data" / "error_messages.jsonl", *SPENT_HELDOUT]
 _LABEL = re.compile(r"(?:\b\w*(?:Error|Exception|Failure)\b|\berror)\s*:\s*", re.IGNORECASE)
 
