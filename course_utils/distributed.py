@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -196,6 +197,8 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
     that does not exist fails here, before any process starts.
     On Linux torchrun also dies with the process that launched it (a Jupyter kernel restarted or
     killed mid-run): the kernel sends it SIGTERM, and torchrun stops its workers (`_dies_with_this_process`).
+    torchrun and its workers get a temporary folder of their own ($TMPDIR), removed when they are done:
+    torchrun makes a `torchelastic_*` folder there on every run and never removes it.
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a whole number >= 1, got {nproc!r}")
@@ -215,6 +218,8 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         env[LOG_DIR_ENV] = str(Path(log_dir).resolve())
+    scratch = tempfile.mkdtemp(prefix="torchrun-")
+    env["TMPDIR"] = scratch
     start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=env, start_new_session=True,   # its own process group, for clean kills
@@ -249,6 +254,7 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
             _kill_group(process)
         reader.join(timeout=5)
         process.stdout.close()
+        shutil.rmtree(scratch, ignore_errors=True)
     text = "".join(output)
     logs = sorted((json.loads(p.read_text()) for p in Path(log_dir).glob("rank*.json")),
                   key=lambda log: log["rank"]) if log_dir is not None else []

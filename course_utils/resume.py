@@ -328,7 +328,9 @@ def check_resume(target: str, *, steps: int, stop_at: int, options: dict[str, An
     key = (target, _source_digest(target), steps, stop_at, json.dumps(options or {}, sort_keys=True, default=repr))
     reused = _REFERENCE_RUNS.get(key) if workdir is None else None
     if reused is None:
-        cwd = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="check_resume-"))
+        # a folder of our own is removed when its reference runs are forgotten, at the latest when Python exits
+        scratch = tempfile.TemporaryDirectory(prefix="check_resume-") if workdir is None else None
+        cwd = Path(workdir) if scratch is None else Path(scratch.name)
         cwd.mkdir(parents=True, exist_ok=True)
         common = {"steps": steps, "checkpoint": str(cwd / "resume_check.pt"), "options": options or {},
                   "pythonpath": os.getcwd()}
@@ -346,8 +348,8 @@ def check_resume(target: str, *, steps: int, stop_at: int, options: dict[str, An
             return ResumeReport(False, steps, stop_at, "the job is not reproducible: two fresh runs differ before "
                                 f"any resume ({difference}); seed Python, NumPy and torch at the start "
                                 "(seed_everything)", step)
-        reused = _REFERENCE_RUNS[key] = (cwd, common, straight, Path(common["checkpoint"]).read_bytes())
-    cwd, common, straight, checkpoint = reused
+        reused = _REFERENCE_RUNS[key] = (scratch, cwd, common, straight, Path(common["checkpoint"]).read_bytes())
+    _, cwd, common, straight, checkpoint = reused
     Path(common["checkpoint"]).write_bytes(checkpoint)        # as the stopped run left it
     resumed = _run_in_fresh_process(target, {**common, "options": {**common["options"], **(resume_options or {})},
                                              "stop_at": None, "resuming": True, "label": "resumed"}, cwd)
@@ -355,9 +357,9 @@ def check_resume(target: str, *, steps: int, stop_at: int, options: dict[str, An
     return ResumeReport(not difference, steps, stop_at, difference, step)
 
 
-# (target, its source's digest, steps, stop_at, options) -> (folder, run arguments, uninterrupted record,
-# the stopped run's checkpoint bytes)
-_REFERENCE_RUNS: dict[tuple, tuple[Path, dict, dict, bytes]] = {}
+# (target, its source's digest, steps, stop_at, options) -> (the temporary folder that owns it, the folder, run
+# arguments, uninterrupted record, the stopped run's checkpoint bytes)
+_REFERENCE_RUNS: dict[tuple, tuple[tempfile.TemporaryDirectory | None, Path, dict, dict, bytes]] = {}
 
 
 def _source_digest(target: str) -> str:

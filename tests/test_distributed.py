@@ -2,6 +2,7 @@
 tested in test_exercises_ddp_torchrun.py)."""
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -160,6 +161,16 @@ def test_extra_environment_reaches_the_workers(tmp_path):
     script.write_text("import os\nos.write(1, f\"seen {os.environ['RANK']} {os.environ.get('COURSE_TEST_VALUE')}\\n\".encode())\n")
     result = launch_torchrun(str(script), 2, env={"COURSE_TEST_VALUE": "42"}, echo=False)
     assert "seen 0 42" in result.output and "seen 1 42" in result.output
+
+
+@pytest.mark.slow
+def test_torchrun_leaves_no_temporary_folder_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))              # where this process makes temporary folders
+    script = tmp_path / "tmp.py"
+    script.write_text("import os, tempfile\nos.write(1, f\"scratch {tempfile.gettempdir()}\\n\".encode())\n")
+    result = launch_torchrun(str(script), 2, echo=False)
+    assert result.output.count(f"scratch {tmp_path}/torchrun-") == 2        # the workers had one folder to write in
+    assert [path.name for path in tmp_path.iterdir()] == ["tmp.py"]      # no torchelastic_* left, nor that folder
 
 
 def test_script_refuses_to_run_outside_torchrun(tmp_path, monkeypatch):

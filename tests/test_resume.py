@@ -1,4 +1,7 @@
 """check_resume: a correct resume passes; each planted resume bug is named, with its step."""
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +111,15 @@ def test_without_the_fork_server_each_run_is_a_new_interpreter(monkeypatch):
     monkeypatch.setattr(resume, "_REFERENCE_RUNS", {})
     report = check_resume(JOB, steps=4, stop_at=2)
     assert report, str(report)
+
+
+@pytest.mark.slow
+def test_the_temporary_folder_is_removed_when_python_exits(tmp_path):
+    # the reference runs are kept for later calls, so their folder lives as long as they do, and no longer
+    code = (f"from course_utils.resume import check_resume\nassert check_resume({JOB!r}, steps=4, stop_at=2)\n"
+            f"from pathlib import Path\nprint(len(list(Path({str(tmp_path)!r}).glob('check_resume-*/resume_check.pt'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "1"                      # the runs used a folder of their own...
+    assert not list(tmp_path.glob("check_resume-*"))           # ...which is gone once Python has exited
