@@ -287,6 +287,7 @@ class _Template:
     function: str
     literal: int
     inferred: bool = False     # a string of PyTorch's libraries whose file was inferred from their layout
+    retired: bool = False      # a wording of an older release only (1.x): tried after the pinned releases'
 
     def matched_literal(self, text: str) -> int:
         """Literal characters of the longest start of the template found in `text`, its pieces in order (0 if
@@ -348,12 +349,13 @@ def _index() -> tuple[dict[str, list[_Template]], tuple[str, ...]]:
         with gzip.open(path, "rt", encoding="utf-8") as file:
             stored = json.load(file)
         versions.append(stored["torch"])
+        retired = stored.get("retired", False)
         for entry in stored["templates"]:
             literal = len(entry["t"].replace(HOLE, "").replace(" ", ""))
             if literal >= MIN_LITERAL:        # parts no chapter teaches too: they show the message is PyTorch's
                 templates[entry["t"], entry["file"]] = _Template(entry["t"], entry["file"], entry["function"],
                                                                 len(entry["t"].replace(HOLE, "").strip()),
-                                                                entry["error"] == "library string")
+                                                                entry["error"] == "library string", retired)
     frequency: dict[str, int] = {}
     for template in templates.values():
         for word in {w.lower() for w in _WORD.findall(template.text)}:
@@ -367,7 +369,7 @@ def _index() -> tuple[dict[str, list[_Template]], tuple[str, ...]]:
                 anchor = min(words, key=lambda w: (frequency[w], -len(w), w))
                 if template not in by_word.setdefault(anchor, []):
                     by_word[anchor].append(template)
-    return by_word, tuple(versions)
+    return by_word, tuple(sorted(versions, key=lambda v: tuple(int(part) for part in v.split("."))))
 
 
 def template_versions() -> tuple[str, ...]:
@@ -389,12 +391,13 @@ def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> 
     best, best_rank = None, None
     for word in {w.lower() for w in _WORD.findall(text)}:
         for template in by_word.get(word, ()):
-            if (best_rank is not None and template.literal < best_rank[0]) or (template.inferred and not inferred):
+            if (best_rank is not None and (not template.retired, template.literal) < best_rank[:2]) or \
+                    (template.inferred and not inferred):
                 continue
             matched = template.matched_literal(text)
             if matched:
-                rank = (matched, any(f.endswith(template.file) for f in frames), not _MIRRORS.match(template.file),
-                        -template.file.count("/"))
+                rank = (not template.retired, matched, any(f.endswith(template.file) for f in frames),
+                        not _MIRRORS.match(template.file), -template.file.count("/"))
                 if best_rank is None or rank > best_rank:
                     best, best_rank = template, rank
     return best

@@ -127,10 +127,72 @@ def test_a_source_tree_gives_the_messages_of_its_cpp_files_but_not_of_its_tests(
 
 
 def test_the_index_says_which_torch_it_came_from():
-    assert VERSION in template_versions() and set(template_versions()) <= {"2.13.0", "2.14.1"}
+    assert VERSION in template_versions() and set(template_versions()) <= {"2.13.0", "2.14.1", *RETIRED}
     index = stored_index()
     assert index["torch"] == VERSION and "pytorch/pytorch files (path: commit)" in index["cpp_source"]
     assert "PyTorch 2.6.0 release tree" in index["cpp_source"]["source tree"]
+
+
+# older releases' wordings (tools/build_error_index.py --release): a 1.x message still fills the forums
+RETIRED = {"1.4.0", "1.8.1", "1.11.0", "1.13.1"}
+
+
+def test_an_older_release_gives_only_the_wordings_no_newer_index_holds(tmp_path, monkeypatch):
+    tree = tmp_path / "pytorch-1.0.0"
+    (tree / "torch/optim").mkdir(parents=True)
+    (tree / "aten/src/ATen/native").mkdir(parents=True)
+    (tree / "torch/optim/optimizer.py").write_text(
+        "def add_param_group(param):\n"
+        "    if not param.requires_grad:\n        raise ValueError(\"optimizing a parameter that doesn't require gradients\")\n"
+        "    raise TypeError('optimizer can only optimize Tensors, but one of the params is ' + type(param))\n")
+    (tree / "aten/src/ATen/native/Old.cpp").write_text('void f(int n) { TORCH_CHECK(n > 0, "an old check no library holds: ", n); }\n')
+    monkeypatch.setattr(build_error_index, "DATA", tmp_path)
+    for version, held in (("2.0.0", f"optimizer can only optimize Tensors, but one of the params is {HOLE}"),
+                          ("0.4.0", "optimizing a parameter that doesn't require gradients")):    # newer, older
+        with gzip.open(build_error_index.index_path(version), "wt", encoding="utf-8") as file:
+            json.dump({"torch": version, "templates": [{"t": held, "file": "torch/optim/optimizer.py"}]}, file)
+    index = build_error_index.release_index(tree, "1.0.0", "a test tree")
+    assert index["torch"] == "1.0.0" and index["retired"] and "a test tree" in index["python_source"]
+    assert {(e["t"], e["file"]) for e in index["templates"]} == {
+        ("optimizing a parameter that doesn't require gradients", "torch/optim/optimizer.py"),   # the older holds it too
+        (f"an old check no library holds: {HOLE}", "ATen/native/Old.cpp")}                       # its own tree: kept
+
+
+def test_the_older_releases_indexes_hold_only_what_newer_ones_do_not():
+    stored = {}
+    for path in build_error_index.DATA.glob("error_templates-*.json.gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as file:
+            stored[path] = json.load(file)
+    assert {index["torch"] for index in stored.values() if index.get("retired")} == RETIRED
+    for index in stored.values():
+        if index.get("retired"):
+            newer = {e["t"] for other in stored.values() for e in other["templates"]
+                     if build_error_index._version(other["torch"]) > build_error_index._version(index["torch"])}
+            assert not newer & {e["t"] for e in index["templates"]}, index["torch"]
+            assert re.search(r"sha256 [0-9a-f]{64}", index["python_source"]), index["torch"]
+
+
+def test_a_wording_only_an_older_release_raised_is_placed_where_it_was_raised():
+    # torch 1.11's nn.ParameterList.__setattr__; 2.x no longer has it
+    found = origin(normalise("Setting attributes on ParameterList is not supported"))
+    assert (found.file, found.found_by, found.area.id) == ("torch/nn/modules/container.py", "template", "module")
+    floordiv = ("/src/lanczos.py:39: UserWarning: __floordiv__ is deprecated, and its behavior will change in a future "
+                "version of pytorch. It currently rounds toward 0 (like the 'trunc' function NOT 'floor'). This "
+                "results in incorrect rounding for negative values. To keep the current behavior, use "
+                "torch.div(a, b, rounding_mode='trunc')")
+    assert match_template(normalise(floordiv)).file == "torch/_tensor.py"
+
+
+def test_a_pinned_releases_template_wins_over_a_longer_retired_one(monkeypatch):
+    pinned = error_origin._Template(f"Expected {HOLE} to be on the same device", "ATen/native/TensorIterator.cpp",
+                                    "", 30)
+    retired = error_origin._Template(f"Expected {HOLE} to be on the same device, in the old words", "TH/THTensor.cpp",
+                                     "", 46, retired=True)
+    monkeypatch.setattr(error_origin, "_index", lambda: ({"device": [retired, pinned]}, ("1.4.0", "2.13.0")))
+    text = "RuntimeError: Expected x to be on the same device, in the old words"
+    assert match_template(text) is pinned
+    monkeypatch.setattr(error_origin, "_index", lambda: ({"device": [retired]}, ("1.4.0",)))
+    assert match_template(text) is retired
 
 
 def test_a_template_matches_with_new_values_in_its_holes():

@@ -30,6 +30,15 @@ whose sha256 each index records; each build takes 2–3 minutes and under 2 GB o
 
 or, after a change to how Python messages are read, `--refresh-python` (keeps the stored C++ side).
 
+Older releases' wordings (1.x messages still fill the forums), each stored as the templates no newer index holds
+and tried only when no pinned release's template matches; build them newest first:
+
+    .venv/bin/python tools/build_error_index.py --release 1.13.1 /path/to/pytorch-1.13.1 --tree-origin "..."
+    .venv/bin/python tools/build_error_index.py --release 1.11.0 /path/to/unpacked-wheel --tree-origin "..."
+
+(stored: 1.13.1 from Debian's pytorch_1.13.1+dfsg.orig.tar.xz; 1.11.0, 1.8.1 and 1.4.0 from the Python files and
+C++ headers of PyPI's macOS x86_64 wheels, CPU-only and small; each index records its file's sha256)
+
 `tests/test_error_index.py` regenerates the Python side from the installed wheel and checks that it
 equals the stored index, and that every stored C++ piece is still in the wheel's libraries.
 """
@@ -513,6 +522,41 @@ def build(cpp_source: Path | None, cpp_tree: Path | None = None, tree_origin: st
             "templates": [json.loads(e) for e in templates]}
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def release_index(sources: Path, release: str, origin: str) -> dict:
+    """The templates of an older release that no newer stored index holds: the wordings of the threads written
+    before the pinned releases (1.x messages still fill the forums). `sources`: the release's source tree (its
+    Python files and C++ tree) or its unpacked wheel (Python files and C++ headers). Its own files, so no C++
+    template needs a library's strings to be kept."""
+    newer = set()
+    for path in DATA.glob("error_templates-*.json.gz"):
+        if _version(path.name) > _version(release):
+            with gzip.open(path, "rt", encoding="utf-8") as file:
+                newer |= {entry["t"] for entry in json.load(file)["templates"]}
+    if (sources / "aten").is_dir():
+        cpp_files = [(path, path.relative_to(sources).as_posix().removeprefix("aten/src/"))
+                     for path in tree_files(sources)]
+        cpp_parts = ", ".join(TREE_PARTS)
+    else:
+        include = sources / "torch" / "include"
+        cpp_files = [(path, path.relative_to(include).as_posix()) for path in sorted(include.rglob("*.h"))]
+        cpp_parts = "torch/include"
+    python = python_templates(sources / "torch")
+    cpp = [entry for path, relative in cpp_files for entry in cpp_templates(path, relative)]
+    python_text = python_strings()
+    kept = [entry for entry in python + cpp if entry["t"] not in newer and not pythons_own(entry, python_text)]
+    templates = sorted({json.dumps({k: v for k, v in e.items() if k != "pieces"}, sort_keys=True) for e in kept})
+    return {"torch": release, "retired": True,
+            "python_source": f"{origin}: torch/**/*.py",
+            "cpp_source": {"files": f"{origin}: {cpp_parts}",
+                           "kept": "the templates no newer stored index holds (the release's own files: no "
+                                   "library filter)"},
+            "templates": [json.loads(e) for e in templates]}
+
+
 def index_path(version: str) -> Path:
     return DATA / f"error_templates-{version}.json.gz"
 
@@ -532,6 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpp-source", type=Path, help="folder of pytorch/pytorch files with a MANIFEST.tsv")
     parser.add_argument("--cpp-tree", type=Path, help="a whole PyTorch source tree (e.g. Debian's orig tarball)")
     parser.add_argument("--tree-origin", default="", help="where the tree came from, recorded in the index")
+    parser.add_argument("--release", nargs=2, metavar=("VERSION", "SOURCES"),
+                        help="an older release's source tree or unpacked wheel: store the wordings no newer index "
+                             "holds (e.g. 1.13.1 /path/to/pytorch-1.13.1; --tree-origin says where it came from)")
     parser.add_argument("--refresh-python", action="store_true",
                         help="rebuild only the Python side of the stored index of the installed torch")
     args = parser.parse_args(argv)
@@ -539,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         with gzip.open(index_path(torch.__version__.split("+")[0]), "rt", encoding="utf-8") as file:
             index = refresh_python(json.load(file))
+    elif args.release:
+        index = release_index(Path(args.release[1]), args.release[0], args.tree_origin)
     else:
         index = build(args.cpp_source, args.cpp_tree, args.tree_origin)
     DATA.mkdir(exist_ok=True)
