@@ -11,7 +11,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -197,8 +196,9 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
     that does not exist fails here, before any process starts.
     On Linux torchrun also dies with the process that launched it (a Jupyter kernel restarted or
     killed mid-run): the kernel sends it SIGTERM, and torchrun stops its workers (`_dies_with_this_process`).
-    torchrun and its workers get a temporary folder of their own ($TMPDIR), removed when they are done:
-    torchrun makes a `torchelastic_*` folder there on every run and never removes it.
+    Unless `env` sets TMPDIR, torchrun and its workers get a temporary folder of their own ($TMPDIR): torchrun
+    makes a `torchelastic_*` folder of empty log folders there on every run and never removes it. Afterwards the
+    folders that hold no file are removed; a file a worker or torchrun left there stays.
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a whole number >= 1, got {nproc!r}")
@@ -213,17 +213,22 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
         target = ["-m", module_or_script]
     command = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, f"--nproc-per-node={nproc}",
                *target, *map(str, args)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-           **(env or {})}
+    extra, env = env or {}, {**os.environ, "PYTHONUNBUFFERED": "1",
+                             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         env[LOG_DIR_ENV] = str(Path(log_dir).resolve())
-    scratch = tempfile.mkdtemp(prefix="torchrun-")
-    env["TMPDIR"] = scratch
+    scratch = None if "TMPDIR" in extra else tempfile.mkdtemp(prefix="torchrun-")
+    if scratch is not None:
+        env["TMPDIR"] = scratch
     start = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=env, start_new_session=True,   # its own process group, for clean kills
-                               preexec_fn=_dies_with_this_process())  # and no orphans if this process dies
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env=env, start_new_session=True,   # its own process group, for clean kills
+                                   preexec_fn=_dies_with_this_process())  # and no orphans if this process dies
+    except BaseException:
+        _remove_empty_folders(scratch)
+        raise
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:  # a thread, so that waiting for output can time out
@@ -254,7 +259,7 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
             _kill_group(process)
         reader.join(timeout=5)
         process.stdout.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        _remove_empty_folders(scratch)
     text = "".join(output)
     logs = sorted((json.loads(p.read_text()) for p in Path(log_dir).glob("rank*.json")),
                   key=lambda log: log["rank"]) if log_dir is not None else []
@@ -263,6 +268,13 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
         raise TorchrunFailed(f"torchrun exited with code {process.returncode}. First worker traceback:\n"
                              + _worker_traceback(text))
     return result
+
+
+def _remove_empty_folders(folder: str | None) -> None:
+    """Remove `folder` and every folder in it that holds no file, innermost first (rmdir refuses the others)."""
+    for path, _, _ in os.walk(folder, topdown=False) if folder is not None else ():
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
 
 
 _PR_SET_PDEATHSIG = 1        # from <linux/prctl.h>: "send me this signal when my parent dies"

@@ -7,6 +7,8 @@ error, from the strongest evidence to the weakest:
    sources raise (the Python `raise`s of the installed wheel, C++ `TORCH_CHECK`s), with the file it lives
    in, into `course_utils/data/error_templates-<torch>.json.gz`. The values of the moment (a shape, a
    device, a file name) are holes, so `expected 3 channels, but got 1` and `... but got 4` are one template.
+   Older releases' wordings that no newer one holds (1.4.0 to 1.13.1, "retired") are tried only when no
+   template of the pinned releases matches.
 2. **the frames of a pasted traceback**: the innermost frame, when it is PyTorch's (`File ".../torch/<area>/
    ..."`, IPython's and rich's `path.py:line in f`, C++'s `Exception raised from f at .../file.cpp`, a C++ file
    named in a log line); else the module of the exception class the message names
@@ -369,7 +371,7 @@ def _index() -> tuple[dict[str, list[_Template]], tuple[str, ...]]:
                 anchor = min(words, key=lambda w: (frequency[w], -len(w), w))
                 if template not in by_word.setdefault(anchor, []):
                     by_word[anchor].append(template)
-    return by_word, tuple(sorted(versions, key=lambda v: tuple(int(part) for part in v.split("."))))
+    return by_word, tuple(sorted(versions, key=lambda v: tuple(int(n) for n in re.findall(r"\d+", v)[:3])))
 
 
 def template_versions() -> tuple[str, ...]:
@@ -383,7 +385,8 @@ _MIRRORS = re.compile(_REFERENCES + r"/|torch/_dynamo/variables/")
 
 
 def match_template(text: str, frames: list[str] = (), inferred: bool = True) -> _Template | None:
-    """The most specific PyTorch template the (normalised) message contains, if any. Among equally long
+    """The most specific PyTorch template the (normalised) message contains, if any: a pinned release's
+    template before any older release's (retired) one, then the longest match. Among equally long
     matches, one from a file the traceback passes through wins, then the shortest path (the central
     module: torch/optim/optimizer.py over torch/distributed/optim/functional_adam.py). `inferred=False` leaves
     out the library strings whose file was inferred."""
@@ -468,11 +471,15 @@ def frames(text: str) -> list[tuple[str | None, str]]:
 
 @lru_cache(maxsize=1)
 def _source_files() -> dict[str, str]:
-    """PyTorch's C++ source files by their base name, for the names whose files all lie in one area."""
-    paths = {t.file for templates in _index()[0].values() for t in templates}
+    """PyTorch's C++ source files by their base name, for the names whose files all lie in one area: the pinned
+    releases' files, then an older release's files whose names the pinned releases no longer have."""
     by_name: dict[str, set[str]] = defaultdict(set)
-    for path in paths:
-        by_name[path.rsplit("/", 1)[-1]].add(path)
+    for retired in (False, True):
+        pinned = set(by_name)
+        for template in {t for templates in _index()[0].values() for t in templates if t.retired == retired}:
+            name = template.file.rsplit("/", 1)[-1]
+            if name not in pinned:
+                by_name[name].add(template.file)
     return {name: min(files, key=len) for name, files in by_name.items()
             if name.endswith((".cpp", ".cc", ".cu")) and len({area_of(f) for f in files}) == 1}
 
@@ -876,12 +883,12 @@ def _words(text: str) -> set[str]:
 @lru_cache(maxsize=1)
 def _vocabulary() -> tuple[dict[str, dict[str, float]], dict[str, float], frozenset[str]]:
     """A naive Bayes model of the words PyTorch's own messages use in each area, learned from the template
-    index (each template's words, labelled with the area of its file; "untaught" for the rest): per area,
+    index (each pinned release's template's words, labelled with the area of its file; "untaught" for the rest): per area,
     log P(word | area) with add-one smoothing and the log-probability of an unseen word; uniform priors, so
     that an area with many messages (Dynamo has thousands) does not win by size."""
     counts: dict[str, Counter] = defaultdict(Counter)
     for templates in _index()[0].values():
-        for template in templates:
+        for template in (t for t in templates if not t.retired):
             area = area_of(template.file, template.function)
             counts[area.id if area else "untaught"].update(_words(template.text.replace(HOLE, " ")))
     vocabulary = frozenset().union(*counts.values())

@@ -348,7 +348,9 @@ def check_resume(target: str, *, steps: int, stop_at: int, options: dict[str, An
             return ResumeReport(False, steps, stop_at, "the job is not reproducible: two fresh runs differ before "
                                 f"any resume ({difference}); seed Python, NumPy and torch at the start "
                                 "(seed_everything)", step)
-        reused = _REFERENCE_RUNS[key] = (scratch, cwd, common, straight, Path(common["checkpoint"]).read_bytes())
+        reused = (scratch, cwd, common, straight, Path(common["checkpoint"]).read_bytes())
+        if workdir is None:                 # runs in a caller's folder are not kept: the folder is the caller's
+            _REFERENCE_RUNS[key] = reused
     _, cwd, common, straight, checkpoint = reused
     Path(common["checkpoint"]).write_bytes(checkpoint)        # as the stopped run left it
     resumed = _run_in_fresh_process(target, {**common, "options": {**common["options"], **(resume_options or {})},

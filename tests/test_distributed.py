@@ -164,13 +164,26 @@ def test_extra_environment_reaches_the_workers(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_leaves_no_temporary_folder_behind(tmp_path, monkeypatch):
+def test_torchrun_leaves_no_empty_temporary_folder_behind_and_keeps_files(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))              # where this process makes temporary folders
     script = tmp_path / "tmp.py"
-    script.write_text("import os, tempfile\nos.write(1, f\"scratch {tempfile.gettempdir()}\\n\".encode())\n")
+    script.write_text("import os, sys, tempfile\nos.write(1, f\"scratch {tempfile.gettempdir()}\\n\".encode())\n"
+                      "if len(sys.argv) > 1 and os.environ['RANK'] == '0':\n"
+                      "    open(os.path.join(tempfile.mkdtemp(), 'kept.txt'), 'w').write('a worker file')\n")
     result = launch_torchrun(str(script), 2, echo=False)
     assert result.output.count(f"scratch {tmp_path}/torchrun-") == 2        # the workers had one folder to write in
     assert [path.name for path in tmp_path.iterdir()] == ["tmp.py"]      # no torchelastic_* left, nor that folder
+    launch_torchrun(str(script), 2, "--write", echo=False)
+    assert [path.read_text() for path in tmp_path.glob("torchrun-*/*/kept.txt")] == ["a worker file"]
+    assert not list(tmp_path.glob("torchrun-*/torchelastic_*"))
+
+
+@pytest.mark.slow
+def test_a_tmpdir_given_in_env_is_the_workers(tmp_path):
+    script = tmp_path / "tmp.py"
+    script.write_text("import os, tempfile\nos.write(1, f\"scratch {tempfile.gettempdir()}\\n\".encode())\n")
+    result = launch_torchrun(str(script), 1, env={"TMPDIR": str(tmp_path)}, echo=False)
+    assert f"scratch {tmp_path}\n" in result.output
 
 
 def test_script_refuses_to_run_outside_torchrun(tmp_path, monkeypatch):

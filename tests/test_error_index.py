@@ -183,6 +183,19 @@ def test_a_wording_only_an_older_release_raised_is_placed_where_it_was_raised():
     assert match_template(normalise(floordiv)).file == "torch/_tensor.py"
 
 
+def test_the_indexes_are_listed_in_version_order_a_pre_release_too(tmp_path, monkeypatch):
+    for version in ("2.15.0a0", "1.4.0", "2.13.0"):
+        with gzip.open(tmp_path / f"error_templates-{version}.json.gz", "wt", encoding="utf-8") as file:
+            json.dump({"torch": version, "templates": []}, file)
+    monkeypatch.setattr(error_origin, "DATA", tmp_path)
+    error_origin._index.cache_clear()
+    try:
+        assert template_versions() == ("1.4.0", "2.13.0", "2.15.0a0")
+    finally:
+        monkeypatch.undo()
+        error_origin._index.cache_clear()
+
+
 def test_a_pinned_releases_template_wins_over_a_longer_retired_one(monkeypatch):
     pinned = error_origin._Template(f"Expected {HOLE} to be on the same device", "ATen/native/TensorIterator.cpp",
                                     "", 30)
@@ -403,6 +416,8 @@ def test_a_cpp_file_named_by_its_base_name_is_found_among_pytorchs():
     assert frames("[enforce fail at inline_container.cc:145] . PytorchStreamReader failed reading file data/3") == [
         ("caffe2/serialize/inline_container.cc", "")]
     assert frames("error at my_engine.cpp:12") == []                  # not one of PyTorch's files
+    # a name an older release also used elsewhere (1.x's TensorUtils.cpp) is still today's file
+    assert frames("[W TensorUtils.cpp:100] Warning: x") == [("ATen/TensorUtils.cpp", "")]
 
 
 def test_the_errors_own_words_name_kernel_assertions_numpy_and_compilers():

@@ -123,3 +123,14 @@ def test_the_temporary_folder_is_removed_when_python_exits(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "1"                      # the runs used a folder of their own...
     assert not list(tmp_path.glob("check_resume-*"))           # ...which is gone once Python has exited
+
+
+@pytest.mark.slow
+def test_a_run_in_a_callers_folder_does_not_replace_the_kept_runs(tmp_path):
+    assert check_resume(JOB, steps=4, stop_at=2)
+    folder = tmp_path / "mine"
+    assert check_resume(JOB, steps=4, stop_at=2, workdir=folder)
+    for path in folder.iterdir():                # the caller's folder is theirs to remove
+        path.unlink()
+    folder.rmdir()
+    assert check_resume(JOB, steps=4, stop_at=2)             # still the kept runs, in a folder of their own
