@@ -30,8 +30,8 @@ from corpus_novelty import DEVELOPMENT, development_texts, heldout_path, seen  #
 from course_utils import explain  # noqa: E402
 from course_utils.error_origin import _index, _source_files, _vocabulary, template_versions  # noqa: E402
 
-HELDOUT = {n: heldout_path(n) for n in range(1, 20)}
-LATEST = 19
+HELDOUT = {n: heldout_path(n) for n in range(1, 21)}
+LATEST = 20
 
 
 LAYERS = ("curated rule", "template", "library layout", "traceback frame", "exception class", "log record", "topic",

@@ -25,7 +25,7 @@ def heldout_path(n: int) -> Path:
     return ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl"
 
 
-SPENT_HELDOUT = [heldout_path(n) for n in range(1, 19)]
+SPENT_HELDOUT = [heldout_path(n) for n in range(1, 20)]
 DEVELOPMENT = [ROOT / "tests" / "data" / "error_messages.jsonl", *SPENT_HELDOUT]
 _LABEL = re.compile(r"(?:\b\w*(?:Error|Exception|Failure)\b|\berror)\s*:\s*", re.IGNORECASE)
 
