@@ -213,12 +213,12 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
         target = ["-m", module_or_script]
     command = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, f"--nproc-per-node={nproc}",
                *target, *map(str, args)]
-    extra, env = env or {}, {**os.environ, "PYTHONUNBUFFERED": "1",
-                             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    given = env or {}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **given}
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         env[LOG_DIR_ENV] = str(Path(log_dir).resolve())
-    scratch = None if "TMPDIR" in extra else tempfile.mkdtemp(prefix="torchrun-")
+    scratch = None if "TMPDIR" in given else tempfile.mkdtemp(prefix="torchrun-")
     if scratch is not None:
         env["TMPDIR"] = scratch
     start = time.monotonic()
