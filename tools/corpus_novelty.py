@@ -18,13 +18,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the corpus the rules are written from, and the held-out sets 1-18, measured once each and since then the
-# learned placement's training data (tools/train_placement.py): a new held-out set repeats no wording of either
+
+
 def heldout_path(n: int) -> Path:
     """The file of held-out set n (set 1's name has no number)."""
     return ROOT / "tests" / "data" / f"heldout{'' if n == 1 else n}_errors.jsonl"
 
 
+# the corpus the rules are written from, and the held-out sets measured once each and since then the learned
+# placement's training data (tools/train_placement.py): a new held-out set repeats no wording of either
 SPENT_HELDOUT = [heldout_path(n) for n in range(1, 20)]
 DEVELOPMENT = [ROOT / "tests" / "data" / "error_messages.jsonl", *SPENT_HELDOUT]
 _LABEL = re.compile(r"(?:\b\w*(?:Error|Exception|Failure)\b|\berror)\s*:\s*", re.IGNORECASE)
