@@ -110,10 +110,6 @@ def _finished_but_listed(pid: int) -> bool:
 
 # --- launching torchrun -------------------------------------------------------------------
 
-class TorchrunFailed(RuntimeError):
-    """A torchrun job exited non-zero; the message ends with the failing rank's traceback."""
-
-
 @dataclass
 class TorchrunResult(ReadableResult):
     """A finished torchrun job: exit code, everything it printed, and the per-rank JSON logs."""
@@ -127,14 +123,24 @@ class TorchrunResult(ReadableResult):
         return f"torchrun exited with {self.returncode} after {self.seconds:.1f} s; {len(self.logs)} rank logs"
 
 
+class TorchrunFailed(RuntimeError):
+    """A torchrun job exited non-zero; the message ends with the failing rank's traceback, and `result`
+    holds everything the job printed (`result.output`)."""
+
+    def __init__(self, message: str, result: TorchrunResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 # A rank that fails because *another* rank died or left says so; its traceback is a symptom.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "caused by a remote worker crashing")
 
 
 def _worker_traceback(output: str) -> str:
     """The worker traceback that explains the failure: the first one that is not merely a rank noticing
-    that a peer died (those come first when the failing rank is slower to print); else torchrun's
-    "Root Cause" summary; else the tail of the output."""
+    that a peer died (those come first when the failing rank is slower to print). When every traceback is
+    such a symptom (the rank that died printed none: a signal, a crash in C++), torchrun's "Root Cause"
+    summary follows it, or else the output's last lines; with no traceback, that summary or those lines."""
     lines = output.splitlines()
     blocks = []
     for start, line in enumerate(lines):
@@ -147,12 +153,14 @@ def _worker_traceback(output: str) -> str:
         block = lines[start:end + 1]
         if "ChildFailedError" not in "\n".join(block):  # torchrun's own traceback only says a child failed
             blocks.append((block, prefix))
+    root_cause = output[output.index("Root Cause"):].strip() if "Root Cause" in output else ""
+    last_lines = "\n".join(lines[-15:])
     if blocks:
-        block, prefix = next(((b, p) for b, p in blocks if not any(s in b[-1] for s in _PEER_GONE)), blocks[0])
-        return _shorten_paths("\n".join(_without_library_frames(block, prefix)))
-    if "Root Cause" in output:
-        return output[output.index("Root Cause"):].strip()
-    return "\n".join(lines[-15:])
+        cause = next(((b, p) for b, p in blocks if not any(s in b[-1] for s in _PEER_GONE)), None)
+        block, prefix = cause or blocks[0]
+        shown = _shorten_paths("\n".join(_without_library_frames(block, prefix)))
+        return shown if cause else f"{shown}\ntorchrun's last words:\n{root_cause or last_lines}"
+    return root_cause or last_lines
 
 
 def _without_library_frames(block: list[str], prefix: str) -> list[str]:
@@ -192,8 +200,8 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
     `log_dir` is created and handed to every worker as the environment variable `COURSE_LOG_DIR`
     (the course's script uses it as its default `--log-dir`), so it is named once. Per-rank logs
     (`rank*.json` in `log_dir`) are parsed into `result.logs`, ordered by rank. With `check`, a
-    non-zero exit raises `TorchrunFailed` quoting the first worker traceback. A script or module
-    that does not exist fails here, before any process starts.
+    non-zero exit raises `TorchrunFailed` quoting the first worker traceback (its `result` holds the whole
+    output). A script or module that does not exist fails here, before any process starts.
     On Linux torchrun also dies with the process that launched it (a Jupyter kernel restarted or
     killed mid-run): the kernel sends it SIGTERM, and torchrun stops its workers (`_dies_with_this_process`).
     Unless `env` sets TMPDIR, torchrun and its workers get a temporary folder of their own ($TMPDIR): torchrun
@@ -266,7 +274,7 @@ def launch_torchrun(module_or_script: str, nproc: int, *args: str, timeout_s: fl
     result = TorchrunResult(process.returncode, text, logs, time.monotonic() - start)
     if check and process.returncode != 0:
         raise TorchrunFailed(f"torchrun exited with code {process.returncode}. First worker traceback:\n"
-                             + _worker_traceback(text))
+                             + _worker_traceback(text), result)
     return result
 
 

@@ -1,6 +1,7 @@
 """Chapter 5: distributed helpers and the DDP script end to end under a real torchrun (the exercise checks are
 tested in test_exercises_ddp_torchrun.py)."""
 import os
+import re
 import sys
 import tempfile
 import time
@@ -96,6 +97,21 @@ def test_a_crashing_rank_is_reported_and_nothing_is_left_running(tmp_path):
                         log_dir=tmp_path, echo=False, timeout_s=120)
     time.sleep(0.5)
     assert len(worker_pids(tmp_path)) == 2 and still_running(worker_pids(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_a_signal_is_named_from_torchruns_summary(tmp_path):
+    # The killed rank prints no traceback; its peer's only says the connection went. torchrun's summary
+    # is the one place that names the rank and the signal.
+    script = tmp_path / "killed.py"
+    script.write_text("import datetime, os, signal\nimport torch\nimport torch.distributed as dist\n"
+                      "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=30))\n"
+                      "if dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+                      "dist.all_reduce(torch.ones(1))\n")
+    with pytest.raises(TorchrunFailed) as failed:
+        launch_torchrun(str(script), 2, echo=False, timeout_s=120)
+    assert re.search(r"(?s)Root Cause.*rank\s*: 1 .*SIGKILL", str(failed.value))
+    assert "Root Cause" in failed.value.result.output and failed.value.result.returncode != 0
 
 
 @pytest.mark.slow
@@ -323,3 +339,6 @@ def test_the_traceback_shown_is_the_cause_not_a_peer_noticing_it():
     assert "Rank 1 failed to pass monitoredBarrier" in shown and "Connection closed" not in shown
     only_symptom = output.split("\n[rank0]")[0]
     assert "Connection closed by peer" in _worker_traceback(only_symptom)      # nothing better: show it
+    summary = "Root Cause (first observed failure):\n[0]:\n  exitcode  : -9 (pid: 17834)  (SIGKILL)"
+    assert _worker_traceback(f"{only_symptom}\n{summary}").endswith(f"torchrun's last words:\n{summary}")
+    assert "Root Cause" not in _worker_traceback(f"{output}\n{summary}")     # a real cause needs no summary
