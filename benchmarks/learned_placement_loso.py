@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from corpus_novelty import DEVELOPMENT, SPENT_HELDOUT, _canonical, _grams, seen  # noqa: E402
+from corpus_novelty import DEVELOPMENT, SPENT_HELDOUT, seen, text_of  # noqa: E402
 from train_placement import examples, train  # noqa: E402
 
 from course_utils import learned_placement  # noqa: E402
@@ -42,7 +42,7 @@ def scored(entries: list[dict]) -> tuple[int, int, int, int]:
 def fold(held_out: Path, folder: Path) -> dict[str, tuple[int, int, int, int]]:
     """explain() with and without a learned placement trained without `held_out`, on its new wordings."""
     training = examples([path for path in DEVELOPMENT if path != held_out])
-    texts = [_grams(_canonical(message).split()) for message, _ in training]
+    texts = [text_of(message) for message, _ in training]
     entries = [json.loads(line) for line in held_out.read_text(encoding="utf-8").splitlines() if line.strip()]
     new = [entry for entry in entries if not seen(entry["message"], texts)]
     weights = folder / f"{held_out.stem}.npz"

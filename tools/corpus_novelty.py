@@ -1,10 +1,14 @@
 """Is a message's wording new to `explain()`'s development corpus? Used to build the held-out set.
 
 A held-out message must not repeat a wording the rules were written from. The check compares the
-message's *key sentences* (the text after each `...Error:` / `Exception:` label, or the whole
-message when it has none), with numbers, quoted names and paths replaced by placeholders, against
-every development message: it is "seen" when half or more of one key sentence's word 5-grams occur
-in one of them.
+message's *key sentences* (the text after each `...Error:` / `Exception:` label with the two lines that follow,
+and each labelled line alone; the whole message when it has none), with numbers, quoted names and paths replaced
+by placeholders, against every development message, reading backticks both as quotes and as nothing: it is
+"seen" when half or more of one key sentence's word 5-grams occur in one of them; a key sentence under five
+words, when its words occur in one of them in a row; and whenever a development message's own key sentence (six
+words or more) lies whole inside it. Set 21's collectors found the gaps these close (before it, all were "new"):
+"CUDA out of memory" (four words, no 5-gram); a known sentence with its backticks lost, a log prefix, or more
+lines after it; a whole paste in double quotes (read as one quoted name).
 
     python tools/corpus_novelty.py "RuntimeError: optimizer got an empty parameter list"
     python tools/corpus_novelty.py --file candidates.jsonl     # one verdict per line ("message" field)
@@ -15,6 +19,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,13 +34,18 @@ def heldout_path(n: int) -> Path:
 # placement's training data (tools/train_placement.py): a new held-out set repeats no wording of either
 SPENT_HELDOUT = [heldout_path(n) for n in range(1, 20)]
 DEVELOPMENT = [ROOT / "tests" / "data" / "error_messages.jsonl", *SPENT_HELDOUT]
+_PLACEHOLDERS = {"q", "p", "0"}      # what _canonical puts for a quoted name, a path and a number
 _LABEL = re.compile(r"(?:\b\w*(?:Error|Exception|Failure)\b|\berror)\s*:\s*", re.IGNORECASE)
 
 
-def _canonical(text: str) -> str:
+def _canonical(text: str, backticks: bool = True) -> str:
+    """Lower-case words, with numbers, quoted names (up to 60 characters on one line) and paths as placeholders;
+    `backticks` reads `x` as a quoted name, else as x (a paste may keep the backticks of PyTorch's message or lose
+    them)."""
     text = re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", text)
     text = re.sub(r"^\s*(\[(rank|default)\d+\]:)+", "", text, flags=re.MULTILINE)
-    text = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`", " Q ", text)
+    quoted = r"'[^'\n]{0,60}'|\"[^\"\n]{0,60}\"" + (r"|`[^`\n]{0,60}`" if backticks else "")   # a name, not a whole paste
+    text = re.sub(quoted, " Q ", text if backticks else text.replace("`", " "))
     text = re.sub(r"\S*[/\\]\S*", " P ", text)
     text = re.sub(r"\d+(\.\d+)?", " 0 ", text)
     return " ".join(re.findall(r"[a-z0-9_]+", text.lower()))
@@ -50,31 +60,57 @@ def key_sentences(message: str) -> list[str]:
         return [message]
     sentences = []
     for start in labelled:
-        text = " ".join(lines[start:start + 3])
         found = list(_LABEL.finditer(lines[start]))
-        sentences.append(text[found[-1].end():] if found and found[-1].end() < len(text) else text)
-    return sentences
+        for text in (" ".join(lines[start:start + 3]), lines[start])[:2 if found else 1]:   # a labelled line alone too
+            sentences.append(text[found[-1].end():] if found and found[-1].end() < len(text) else text)
+    return list(dict.fromkeys(sentences))
 
 
 def _grams(words: list[str], n: int = 5) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + n]) for i in range(max(1, len(words) - n + 1))}
 
 
-def development_texts(paths=DEVELOPMENT) -> list[set[tuple[str, ...]]]:
-    texts = []
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
-                texts.append(_grams(_canonical(json.loads(line)["message"]).split()))
-    return texts
+@dataclass(frozen=True)
+class Reading:
+    """A message read one way: its canonical words (space-padded), their 5-grams, the 5-grams of its key
+    sentences of six words or more."""
+
+    words: str
+    grams: set[tuple[str, ...]]
+    sentences: list[set[tuple[str, ...]]]
 
 
-def seen(message: str, development: list[set[tuple[str, ...]]]) -> bool:
-    """True when, for any of the message's key sentences, half or more of its word 5-grams occur in one
-    development message."""
-    for sentence in key_sentences(message):
-        grams = _grams(_canonical(sentence).split())
-        if any(len(grams & other) >= 0.5 * len(grams) for other in development):
+Text = tuple[Reading, Reading]     # a message read with backticks as quotes, and without them
+
+
+def text_of(message: str) -> Text:
+    def reading(backticks: bool) -> Reading:
+        words = _canonical(message, backticks).split()
+        sentences = [_canonical(sentence, backticks).split() for sentence in key_sentences(message)]
+        return Reading(f" {' '.join(words)} ", _grams(words), [_grams(s) for s in sentences if len(s) >= 6])
+    return reading(True), reading(False)
+
+
+def development_texts(paths=DEVELOPMENT) -> list[Text]:
+    return [text_of(json.loads(line)["message"]) for path in paths for line in Path(path).read_text().splitlines()
+            if line.strip()]
+
+
+def seen(message: str, development: list[Text]) -> bool:
+    """True when, read either way, a key sentence of the message has half or more of its word 5-grams in one
+    development message (a sentence under five words: all its words there in a row, two of them words, not
+    placeholders), or a development message's key sentence of six words or more lies whole inside it."""
+    for way, backticks in enumerate((True, False)):
+        others = [text[way] for text in development]
+        for sentence in key_sentences(message):
+            words = _canonical(sentence, backticks).split()
+            if len(words) < 5:
+                if len(set(words) - _PLACEHOLDERS) >= 2 and any(f" {' '.join(words)} " in o.words for o in others):
+                    return True
+            elif any(len(_grams(words) & o.grams) >= 0.5 * len(_grams(words)) for o in others):
+                return True
+        grams = _grams(_canonical(message, backticks).split())
+        if any(sentence <= grams for o in others for sentence in o.sentences):
             return True
     return False
 

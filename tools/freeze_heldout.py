@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus_novelty import ROOT, _canonical, _grams, development_texts, seen  # noqa: E402
+from corpus_novelty import ROOT, Text, development_texts, seen, text_of  # noqa: E402
 
 FIELDS = {"message", "source", "chapter", "topic", "torch_version", "platform", "wrapper", "year", "query", "part"}
 MAX_SAME_WORDING = 2
@@ -43,7 +43,7 @@ def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
     development = development_texts()
     removed: Counter = Counter()
     kept: list[dict] = []
-    kept_texts: list[set[tuple[str, ...]]] = []
+    kept_texts: list[Text] = []
     threads: set[str] = set()
     repositories: Counter = Counter()
     for entry in entries:
@@ -60,7 +60,7 @@ def freeze(parts: list[Path], output: Path) -> tuple[list[dict], Counter]:
             removed[f"more than {MAX_PER_REPOSITORY} of one repository"] += 1
         else:
             kept.append(entry)
-            kept_texts.append(_grams(_canonical(entry["message"]).split()))
+            kept_texts.append(text_of(entry["message"]))
             threads.add(entry["source"])
             repositories[repository(entry["source"])] += 1
     return kept, removed
