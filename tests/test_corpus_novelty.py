@@ -15,6 +15,7 @@ DEVELOPMENT = [
     "NaN or Inf found in input tensor.",
     "got prompt\nKeyError: 'model'",
     "NotImplementedError: The operator `aten::foo` is not currently implemented for the MPS device.",
+    "RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED\nYou can try to repro this exception",
 ]
 
 
@@ -26,6 +27,7 @@ def development():
 @pytest.mark.parametrize("message", [
     "CUDA out of memory",                                                          # four words: no 5-gram
     "RuntimeError: CUDA error: out of memory",                                     # three, after the last label
+    "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",                                  # one: a status code
     "FutureWarning: torch.cuda.amp.autocast(args...) is deprecated. Please use torch.amp.autocast('cuda', "
     "args...) instead.",                                                           # backticks dropped
     "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory\n"

@@ -7,8 +7,8 @@ by placeholders, against every development message, reading backticks both as qu
 "seen" when half or more of one key sentence's word 5-grams occur in one of them; a key sentence under five
 words, when its words occur in one of them in a row; and whenever a development message's own key sentence (six
 words or more) lies whole inside it. Set 21's collectors found the gaps these close (before it, all were "new"):
-"CUDA out of memory" (four words, no 5-gram); a known sentence with its backticks lost, a log prefix, or more
-lines after it; a whole paste in double quotes (read as one quoted name).
+"CUDA out of memory" or a bare status code (under five words, no 5-gram); a known sentence with its backticks
+lost, a log prefix, or more lines after it; a whole paste in double quotes (read as one quoted name).
 
     python tools/corpus_novelty.py "RuntimeError: optimizer got an empty parameter list"
     python tools/corpus_novelty.py --file candidates.jsonl     # one verdict per line ("message" field)
@@ -98,14 +98,14 @@ def development_texts(paths=DEVELOPMENT) -> list[Text]:
 
 def seen(message: str, development: list[Text]) -> bool:
     """True when, read either way, a key sentence of the message has half or more of its word 5-grams in one
-    development message (a sentence under five words: all its words there in a row, two of them words, not
-    placeholders), or a development message's key sentence of six words or more lies whole inside it."""
+    development message (a sentence under five words: all its words there in a row, one of them a word, not a
+    placeholder: a bare status code such as CUDNN_STATUS_EXECUTION_FAILED counts), or a development message's key sentence of six words or more lies whole inside it."""
     for way, backticks in enumerate((True, False)):
         others = [text[way] for text in development]
         for sentence in key_sentences(message):
             words = _canonical(sentence, backticks).split()
             if len(words) < 5:
-                if len(set(words) - _PLACEHOLDERS) >= 2 and any(f" {' '.join(words)} " in o.words for o in others):
+                if set(words) - _PLACEHOLDERS and any(f" {' '.join(words)} " in o.words for o in others):
                     return True
             elif any(len(_grams(words) & o.grams) >= 0.5 * len(_grams(words)) for o in others):
                 return True
