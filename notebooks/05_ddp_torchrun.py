@@ -284,8 +284,9 @@ for log in good_logs:
 # then stops its workers), then SIGKILL; on Linux it starts `torchrun` with `prctl(PR_SET_PDEATHSIG, SIGTERM)`,
 # so the kernel's death, however abrupt, stops the job too (a test SIGKILLs a launching process and checks
 # that no worker survives); it raises `TorchrunFailed` quoting the failing rank's traceback (without torch's
-# internal frames), passes `$COURSE_LOG_DIR` to the workers and reads their `rank*.json` back. The rest of the
-# chapter launches with it.
+# internal frames; for a rank killed by a signal, which prints none, torchrun's own summary that names it),
+# with everything the job printed in the exception's `result.output`; it passes `$COURSE_LOG_DIR` to the
+# workers and reads their `rank*.json` back. The rest of the chapter launches with it.
 
 # %%
 weights = [torch.tensor(log["weights"]) for log in good_logs]
