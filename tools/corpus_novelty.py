@@ -44,7 +44,7 @@ def _canonical(text: str, backticks: bool = True) -> str:
     them)."""
     text = re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", text)
     text = re.sub(r"^\s*(\[(rank|default)\d+\]:)+", "", text, flags=re.MULTILINE)
-    quoted = r"'[^'\n]{0,60}'|\"[^\"\n]{0,60}\"" + (r"|`[^`\n]{0,60}`" if backticks else "")   # a name, not a whole paste
+    quoted = r"'[^'\n]{0,60}'|\"[^\"\n]{0,60}\"" + (r"|`[^`\n]{0,60}`" if backticks else "")   # a name, not a paste
     text = re.sub(quoted, " Q ", text if backticks else text.replace("`", " "))
     text = re.sub(r"\S*[/\\]\S*", " P ", text)
     text = re.sub(r"\d+(\.\d+)?", " 0 ", text)
@@ -99,7 +99,8 @@ def development_texts(paths=DEVELOPMENT) -> list[Text]:
 def seen(message: str, development: list[Text]) -> bool:
     """True when, read either way, a key sentence of the message has half or more of its word 5-grams in one
     development message (a sentence under five words: all its words there in a row, one of them a word, not a
-    placeholder: a bare status code such as CUDNN_STATUS_EXECUTION_FAILED counts), or a development message's key sentence of six words or more lies whole inside it."""
+    placeholder: a bare status code such as CUDNN_STATUS_EXECUTION_FAILED counts), or a development message's key
+    sentence of six words or more lies whole inside it."""
     for way, backticks in enumerate((True, False)):
         others = [text[way] for text in development]
         for sentence in key_sentences(message):
