@@ -1,6 +1,6 @@
 """Leave-one-set-out: what the learned placement adds to `explain()` on wordings it never saw.
 
-Run: .venv/bin/python benchmarks/learned_placement_loso.py [--sets 5-20]     (about 5 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/learned_placement_loso.py [--sets 5-20]     (about 3 minutes on 2 cores)
 
 For each spent held-out set N, a model is trained by `tools/train_placement.py`'s own code on everything else
 (the development corpus and the other spent sets), and `explain()` is scored on set N's messages whose wording is

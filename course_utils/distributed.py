@@ -127,8 +127,8 @@ class TorchrunFailed(RuntimeError):
     """A torchrun job exited non-zero; the message ends with the failing rank's traceback, and `result`
     holds everything the job printed (`result.output`)."""
 
-    def __init__(self, message: str, result: TorchrunResult) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, result: TorchrunResult | None = None) -> None:
+        super().__init__(message)      # result has a default: unpickling calls __init__ with the message only
         self.result = result
 
 

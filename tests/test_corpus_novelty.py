@@ -1,10 +1,12 @@
 """tools/corpus_novelty.py decides which wordings a held-out set may hold: the gaps set 21's collectors found."""
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+import corpus_novelty  # noqa: E402
 from corpus_novelty import development_texts, key_sentences, seen, text_of  # noqa: E402
 
 DEVELOPMENT = [
@@ -45,17 +47,21 @@ def test_a_known_sentence_is_seen_however_it_was_pasted(message, development):
     "KeyError: 'optimizer'",                                   # only a placeholder after the label
     "got prompt\nValueError: the sampler's sigma schedule ran backwards at the last of its forty steps",
     "RuntimeError: the warp core breach alarm fired while the tensor was still in the replicator",
+    "RuntimeError:\nthe shuttle bay doors refused the batch because its dilithium crystals were cracked",
+    "Traceback (most recent call last):\nKeyError: 'ensign'\n\nThe above exception was the direct cause of the "
+    "following exception:\n\nRuntimeError: the tricorder lost its calibration while sampling the nebula",
 ])
 def test_a_new_wording_stays_new(message, development):
     assert not seen(message, development)
 
 
-def test_a_labelled_line_is_also_read_alone_and_an_unlabelled_first_line_is_not():
+def test_a_labelled_line_is_also_read_alone_when_words_follow_its_label():
     assert key_sentences("RuntimeError: one\ntwo\nthree") == ["one two three", "one"]
-    assert key_sentences("got prompt\nnext line") == ["got prompt next line"]
+    assert key_sentences("RuntimeError:\ntwo\nthree") == ["two three"]            # nothing after the label
+    assert key_sentences("got prompt\nnext line") == ["got prompt next line"]       # no label: no line alone
 
 
-def test_the_stored_corpus_reads_as_texts():
-    texts = development_texts()
-    assert len(texts) > 4000
-    assert all(reading.words.startswith(" ") and reading.words.endswith(" ") for text in texts[:50] for reading in text)
+def test_the_stored_corpus_sees_its_own_messages_and_not_a_new_one():
+    development = development_texts()
+    assert seen(json.loads(corpus_novelty.DEVELOPMENT[0].read_text().splitlines()[7])["message"], development)
+    assert not seen("RuntimeError: the holodeck's safety limiter rejected the gradient of the bridge crew", development)

@@ -1,6 +1,7 @@
 """Chapter 5: distributed helpers and the DDP script end to end under a real torchrun (the exercise checks are
 tested in test_exercises_ddp_torchrun.py)."""
 import os
+import pickle
 import re
 import sys
 import tempfile
@@ -112,6 +113,8 @@ def test_a_rank_killed_by_a_signal_is_named_from_torchruns_summary(tmp_path):
         launch_torchrun(str(script), 2, echo=False, timeout_s=120)
     assert re.search(r"(?s)Root Cause.*rank\s*: 1 .*SIGKILL", str(failed.value))
     assert "Root Cause" in failed.value.result.output and failed.value.result.returncode != 0
+    copy = pickle.loads(pickle.dumps(failed.value))             # e.g. raised inside a process pool
+    assert str(copy) == str(failed.value) and copy.result.output == failed.value.result.output
 
 
 @pytest.mark.slow

@@ -2,8 +2,9 @@
 
 A held-out message must not repeat a wording the rules were written from. The check compares the
 message's *key sentences* (the text after each `...Error:` / `Exception:` label with the two lines that follow,
-and each labelled line alone; the whole message when it has none), with numbers, quoted names and paths replaced
-by placeholders, against every development message, reading backticks both as quotes and as nothing: it is
+and that line alone; with no label, the first three lines that are not `File` lines), with numbers, quoted names
+and paths replaced by placeholders, against every development message, reading backticks both as quotes and as
+nothing: it is
 "seen" when half or more of one key sentence's word 5-grams occur in one of them; a key sentence under five
 words, when its words occur in one of them in a row; and whenever a development message's own key sentence (six
 words or more) lies whole inside it. Set 21's collectors found the gaps these close (before it, all were "new"):
@@ -52,8 +53,9 @@ def _canonical(text: str, backticks: bool = True) -> str:
 
 
 def key_sentences(message: str) -> list[str]:
-    """What the error says, without the traceback around it: the text after each error label (the whole
-    message when it has none), each with the two lines that follow it."""
+    """What the error says, without the traceback around it: the text after each error label with the two lines
+    that follow it, and that label's line alone when text follows the label there (with no label: the first three
+    lines that are not a traceback's `File` lines)."""
     lines = [line for line in message.splitlines() if line.strip() and not line.strip().startswith("File ")]
     labelled = [i for i, line in enumerate(lines) if _LABEL.search(line)] or [0]
     if not lines:
@@ -61,8 +63,10 @@ def key_sentences(message: str) -> list[str]:
     sentences = []
     for start in labelled:
         found = list(_LABEL.finditer(lines[start]))
-        for text in (" ".join(lines[start:start + 3]), lines[start])[:2 if found else 1]:   # a labelled line alone too
-            sentences.append(text[found[-1].end():] if found and found[-1].end() < len(text) else text)
+        after = found[-1].end() if found else 0
+        sentences.append(" ".join(lines[start:start + 3])[after:].strip() or lines[start])
+        if 0 < after < len(lines[start].rstrip()):
+            sentences.append(lines[start][after:])
     return list(dict.fromkeys(sentences))
 
 
@@ -106,10 +110,13 @@ def seen(message: str, development: list[Text]) -> bool:
         for sentence in key_sentences(message):
             words = _canonical(sentence, backticks).split()
             if len(words) < 5:
-                if set(words) - _PLACEHOLDERS and any(f" {' '.join(words)} " in o.words for o in others):
+                in_a_row = f" {' '.join(words)} "
+                if set(words) - _PLACEHOLDERS and any(in_a_row in o.words for o in others):
                     return True
-            elif any(len(_grams(words) & o.grams) >= 0.5 * len(_grams(words)) for o in others):
-                return True
+            else:
+                grams = _grams(words)
+                if any(len(grams & o.grams) >= 0.5 * len(grams) for o in others):
+                    return True
         grams = _grams(_canonical(message, backticks).split())
         if any(sentence <= grams for o in others for sentence in o.sentences):
             return True
