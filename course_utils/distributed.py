@@ -383,6 +383,12 @@ def single_process_group() -> Iterator[None]:
         try:
             yield
         finally:
+            # Let queued work finish first (a barrier waits for it, without holding the GIL). A DDP model freed later
+            # would otherwise destroy the group while a gloo thread still waits for the GIL to finish a Python
+            # future callback (a comm hook's `.then`), and the destructor's join waits for that thread: a deadlock
+            # seen once in CI (gdb: ~ProcessGroupGloo joining pt_gloo_runloop, which sat in take_gil).
+            with contextlib.suppress(RuntimeError):
+                dist.barrier()
             dist.destroy_process_group()
 
 
