@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from course_utils._display import ReadableResult
@@ -383,13 +383,19 @@ def single_process_group() -> Iterator[None]:
         try:
             yield
         finally:
-            # Let queued work finish first (a barrier waits for it, without holding the GIL). A DDP model freed later
-            # would otherwise destroy the group while a gloo thread still waits for the GIL to finish a Python
-            # future callback (a comm hook's `.then`), and the destructor's join waits for that thread: a deadlock
-            # seen once in CI (gdb: ~ProcessGroupGloo joining pt_gloo_runloop, which sat in take_gil).
-            with contextlib.suppress(RuntimeError):
-                dist.barrier()
             dist.destroy_process_group()
+
+
+def waited_allreduce(state, bucket) -> torch.futures.Future:
+    """DDP's default all-reduce (the bucket averaged over the ranks) as a comm hook that waits for it here and
+    returns a completed future. torch's `allreduce_hook` chains a Python callback that a gloo thread runs; a
+    DDP model freed while that thread waits for the GIL deadlocks: the group's destructor, holding the GIL,
+    joins the thread (seen once in CI: gdb showed ~ProcessGroupGloo joining pt_gloo_runloop in take_gil)."""
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    dist.all_reduce(buffer)
+    done = torch.futures.Future()
+    done.set_result(buffer)
+    return done
 
 
 def count_allreduces(ddp_model: DistributedDataParallel) -> list[int]:
@@ -399,6 +405,6 @@ def count_allreduces(ddp_model: DistributedDataParallel) -> list[int]:
 
     def counting_allreduce(state, bucket):  # no annotations: DDP checks them, and they are strings here
         calls[0] += 1
-        return allreduce_hook(state, bucket)
+        return waited_allreduce(state, bucket)
     ddp_model.register_comm_hook(None, counting_allreduce)
     return calls

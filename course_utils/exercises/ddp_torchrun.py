@@ -17,11 +17,10 @@ from unittest import mock
 
 import torch
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from course_utils.distributed import single_process_group
+from course_utils.distributed import single_process_group, waited_allreduce
 from course_utils.exercises import Verdict, reference_solution, report_check
 
 __all__ = ["check_accumulate_no_sync", "check_epoch_shards", "check_eval_shard", "check_save_checkpoint_once"]
@@ -256,7 +255,7 @@ def _one_accumulation(fn: Callable, n_micro: int, size: int) -> dict:
             seen["allreduces"] += 1
             for p, g in zip(bucket.parameters(), bucket.gradients()):
                 seen["synced"][index[id(p)]] = g.detach().clone()
-            return allreduce_hook(state, bucket)
+            return waited_allreduce(state, bucket)
         ddp_model.register_comm_hook(None, recording_allreduce)
         model.register_forward_pre_hook(lambda module, args: seen["forward_sizes"].append(len(args[0])))
         try:
