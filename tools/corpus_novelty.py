@@ -4,10 +4,9 @@ A held-out message must not repeat a wording the rules were written from. The ch
 message's *key sentences* (the text after each `...Error:` / `Exception:` label with the two lines that follow,
 and that line alone; with no label, the first three lines that are not `File` lines), with numbers, quoted names
 and paths replaced by placeholders, against every development message, reading backticks both as quotes and as
-nothing: it is
-"seen" when half or more of one key sentence's word 5-grams occur in one of them; a key sentence under five
-words, when its words occur in one of them in a row; and whenever a development message's own key sentence (six
-words or more) lies whole inside it. Set 21's collectors found the gaps these close (before it, all were "new"):
+nothing: it is "seen" when half or more of one key sentence's word 5-grams occur in one of them; a key sentence
+under five words, when its words occur in one of them in a row; and whenever a development message's own key
+sentence (six words or more) lies whole inside it. Set 21's collectors found the gaps these close (before it, all were "new"):
 "CUDA out of memory" or a bare status code (under five words, no 5-gram); a known sentence with its backticks
 lost, a log prefix, or more lines after it; a whole paste in double quotes (read as one quoted name).
 
@@ -117,8 +116,8 @@ def seen(message: str, development: list[Text]) -> bool:
                 grams = _grams(words)
                 if any(len(grams & o.grams) >= 0.5 * len(grams) for o in others):
                     return True
-        grams = _grams(_canonical(message, backticks).split())
-        if any(sentence <= grams for o in others for sentence in o.sentences):
+        message_grams = _grams(_canonical(message, backticks).split())
+        if any(sentence <= message_grams for o in others for sentence in o.sentences):
             return True
     return False
 
