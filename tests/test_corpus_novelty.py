@@ -18,6 +18,7 @@ DEVELOPMENT = [
     "got prompt\nKeyError: 'model'",
     "NotImplementedError: The operator `aten::foo` is not currently implemented for the MPS device.",
     "RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED\nYou can try to repro this exception",
+    "RuntimeError: svd_cuda: the updating process of SBDSDC did not converge (error: 2)",
 ]
 
 
@@ -38,6 +39,7 @@ def development():
     "W1207 12:00:00.123 12345 summary.cc:45] NaN or Inf found in input tensor.",   # a log prefix
     "NotImplementedError: The operator `aten::bar` is not currently implemented for the MPS device.",  # as before
     '"RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 4.00 GiB total capacity)"',  # quoted
+    "RuntimeError: svd_cuda: the updating process of SBDSDC did not converge (error: 11)",  # a second label
 ])
 def test_a_known_sentence_is_seen_however_it_was_pasted(message, development):
     assert seen(message, development)
@@ -59,6 +61,7 @@ def test_a_labelled_line_is_also_read_alone_when_words_follow_its_label():
     assert key_sentences("RuntimeError: one\ntwo\nthree") == ["one two three", "one"]
     assert key_sentences("RuntimeError:\ntwo\nthree") == ["two three"]            # nothing after the label
     assert key_sentences("got prompt\nnext line") == ["got prompt next line"]       # no label: no line alone
+    assert key_sentences("RuntimeError: x failed (error: 11)") == ["11)", "x failed (error: 11)"]
 
 
 def test_the_stored_corpus_sees_its_own_messages_and_not_a_new_one():

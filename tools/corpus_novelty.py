@@ -1,14 +1,16 @@
 """Is a message's wording new to `explain()`'s development corpus? Used to build the held-out set.
 
-A held-out message must not repeat a wording the rules were written from. The check compares the
-message's *key sentences* (the text after each `...Error:` / `Exception:` label with the two lines that follow,
-and that line alone; with no label, the first three lines that are not `File` lines), with numbers, quoted names
+A held-out message must not repeat a wording the rules were written from. The check compares the message's *key
+sentences* (the text after each `...Error:` / `Exception:` label with the two lines that follow, and the rest of the
+line after each label; with no label, the first three lines that are not `File` lines), with numbers, quoted names
 and paths replaced by placeholders, against every development message, reading backticks both as quotes and as
 nothing: it is "seen" when half or more of one key sentence's word 5-grams occur in one of them; a key sentence
 under five words, when its words occur in one of them in a row; and whenever a development message's own key
-sentence (six words or more) lies whole inside it. Set 21's collectors found the gaps these close (before it, all were "new"):
-"CUDA out of memory" or a bare status code (under five words, no 5-gram); a known sentence with its backticks
-lost, a log prefix, or more lines after it; a whole paste in double quotes (read as one quoted name).
+sentence (six words or more) lies whole inside it. Set 21's collectors found the gaps these close (before it, all
+were "new"): "CUDA out of memory" or a bare status code (under five words, no 5-gram); a known sentence with its
+backticks lost, a log prefix, or more lines after it; a whole paste in double quotes (read as one quoted name). Set
+22's measurement found one more: a line with a second label was read only after its last one, so a known SVD error
+with another number in "(error: 11)" was "new"; every label's rest of the line is read now.
 
     python tools/corpus_novelty.py "RuntimeError: optimizer got an empty parameter list"
     python tools/corpus_novelty.py --file candidates.jsonl     # one verdict per line ("message" field)
@@ -52,9 +54,9 @@ def _canonical(text: str, backticks: bool = True) -> str:
 
 
 def key_sentences(message: str) -> list[str]:
-    """What the error says, without the traceback around it: the text after each error label with the two lines
-    that follow it, and that label's line alone when text follows the label there (with no label: the first three
-    lines that are not a traceback's `File` lines)."""
+    """What the error says, without the traceback around it: the text after each labelled line's last error label
+    with the two lines that follow it, and the rest of the line after each of its labels where text follows (with
+    no label: the first three lines that are not a traceback's `File` lines)."""
     lines = [line for line in message.splitlines() if line.strip() and not line.strip().startswith("File ")]
     labelled = [i for i, line in enumerate(lines) if _LABEL.search(line)] or [0]
     if not lines:
@@ -64,8 +66,9 @@ def key_sentences(message: str) -> list[str]:
         found = list(_LABEL.finditer(lines[start]))
         after = found[-1].end() if found else 0
         sentences.append(" ".join(lines[start:start + 3])[after:].strip() or lines[start])
-        if 0 < after < len(lines[start].rstrip()):
-            sentences.append(lines[start][after:])
+        for label in found:          # each label's rest of the line: "RuntimeError: x did not converge (error: 11)"
+            if label.end() < len(lines[start].rstrip()):
+                sentences.append(lines[start][label.end():])
     return list(dict.fromkeys(sentences))
 
 
