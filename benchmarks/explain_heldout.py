@@ -1,7 +1,8 @@
 """`explain()` on the frozen held-out set: the right chapter, false alarms, confidence, time per message.
 
-Run: .venv/bin/python benchmarks/explain_heldout.py [--set 1|2|3|4|5|6]   (default: the latest set, 6; prints the
-table README's "How well explain() knows messages it never saw" shows, which a test keeps in step)
+Run: .venv/bin/python benchmarks/explain_heldout.py [--set N] [-v]   (default: the latest set, LATEST; prints the
+table README's "How well explain() knows messages it never saw" shows, which a test keeps in step; -v lists each
+miss and false alarm)
 
 `tests/data/heldout_errors.jsonl` (set 1) was frozen before issue 23's rules and template index were
 written; `heldout2_errors.jsonl` (set 2) after set 1 had been measured and the topic and vocabulary layers

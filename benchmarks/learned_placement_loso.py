@@ -1,6 +1,7 @@
 """Leave-one-set-out: what the learned placement adds to `explain()` on wordings it never saw.
 
-Run: .venv/bin/python benchmarks/learned_placement_loso.py [--sets 5-21]     (about 4 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/learned_placement_loso.py [--sets 5-21] [--thresholds 0.5,0.4]   (about 4 minutes
+on 2 cores; --thresholds scores other values of LEARNED_THRESHOLD and LEARNED_NOT_PYTORCH than explain's own)
 
 For each spent held-out set N, a model is trained by `tools/train_placement.py`'s own code on everything else
 (the development corpus and the other spent sets), and `explain()` is scored on set N's messages whose wording is
@@ -62,7 +63,12 @@ def fold(held_out: Path, folder: Path) -> dict[str, tuple[int, int, int, int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="5-21", help="first-last spent set to hold out")
-    first, last = map(int, parser.parse_args(argv).sets.split("-"))
+    parser.add_argument("--thresholds", help="LEARNED_THRESHOLD,LEARNED_NOT_PYTORCH to score instead of explain's")
+    args = parser.parse_args(argv)
+    first, last = map(int, args.sets.split("-"))
+    chosen = (explain_module.LEARNED_THRESHOLD, explain_module.LEARNED_NOT_PYTORCH)
+    if args.thresholds:
+        explain_module.LEARNED_THRESHOLD, explain_module.LEARNED_NOT_PYTORCH = map(float, args.thresholds.split(","))
     totals = {"with": np.zeros(4, int), "without": np.zeros(4, int)}
     stored = learned_placement.WEIGHTS
     print("| held out | new wordings (PyTorch + not) | without the learned placement | with it |")
@@ -80,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| sets {first}–{last} | {totals['with'][1]} + {totals['with'][3]} | {cells[0]} | {cells[1]} |")
     learned_placement.WEIGHTS = stored
     learned_placement._model.cache_clear()
+    explain_module.LEARNED_THRESHOLD, explain_module.LEARNED_NOT_PYTORCH = chosen
     return 0
 
 

@@ -1,4 +1,5 @@
-"""tools/corpus_novelty.py decides which wordings a held-out set may hold: the gaps set 21's collectors found."""
+"""tools/corpus_novelty.py decides which wordings a held-out set may hold: the gaps set 21's collectors and set 22's
+measurement found."""
 import json
 import sys
 from pathlib import Path
@@ -49,6 +50,7 @@ def test_a_known_sentence_is_seen_however_it_was_pasted(message, development):
     "KeyError: 'optimizer'",                                   # only a placeholder after the label
     "got prompt\nValueError: the sampler's sigma schedule ran backwards at the last of its forty steps",
     "RuntimeError: the warp core breach alarm fired while the tensor was still in the replicator",
+    "RuntimeError: the warp core failed to reach the replicator's batch (error: 11)",    # two labels, both new
     "RuntimeError:\nthe shuttle bay doors refused the batch because its dilithium crystals were cracked",
     "Traceback (most recent call last):\nKeyError: 'ensign'\n\nThe above exception was the direct cause of the "
     "following exception:\n\nRuntimeError: the tricorder lost its calibration while sampling the nebula",
