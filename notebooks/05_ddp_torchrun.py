@@ -738,7 +738,9 @@ assert without == 4 and with_no_sync == 1
 
 # %% [markdown]
 # The same, hardened, is in `course_utils`: `single_process_group()` (the group above, destroyed on every
-# exit path) and `count_allreduces(ddp)` (the counting hook); exercise 3's check uses them.
+# exit path) and `count_allreduces(ddp)` (the counting hook, which waits for its all-reduce and returns a
+# completed future, so that no gloo thread is left running a Python callback when the group is destroyed:
+# with `allreduce_hook`, that once deadlocked this course's CI); exercise 3's check uses them.
 
 # %% [markdown]
 # ## 10. Several machines, on one machine

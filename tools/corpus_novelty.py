@@ -6,11 +6,8 @@ rest of the line after each label; with no label, the first three lines that are
 quoted names and paths replaced by placeholders, against every development message, reading backticks both as quotes
 and as nothing: it is "seen" when half or more of one key sentence's word 5-grams occur in one of them; a key
 sentence under five words, when its words occur in one of them in a row; and whenever a development message's own
-key sentence (six words or more) lies whole inside it. Set 21's collectors found the gaps these close (before it,
-all were "new"): "CUDA out of memory" or a bare status code (under five words, no 5-gram); a known sentence with its
-backticks lost, a log prefix, or more lines after it; a whole paste in double quotes (read as one quoted name). Set
-22's measurement found one more: a line with a second label was read only after its last one, so a known SVD error
-with another number in "(error: 11)" was "new"; every label's rest of the line is read now.
+key sentence (six words or more) lies whole inside it. The gaps that set 21's collectors and set 22's measurement
+found, which these rules close, are in tests/data/README.md; tests/test_corpus_novelty.py holds a case for each.
 
     python tools/corpus_novelty.py "RuntimeError: optimizer got an empty parameter list"
     python tools/corpus_novelty.py --file candidates.jsonl     # one verdict per line ("message" field)
