@@ -164,7 +164,7 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["distributed"]),
     (r"torch/amp/|torch/cuda/amp/|torch/cpu/amp/|autocast",
      _AREA["amp"]),
-    (r"torch/onnx/|onnxruntime|torch/csrc/onnx/|jit/passes/onnx",
+    (r"torch/onnx/|onnxruntime|torch/csrc/onnx/|jit/passes/onnx|^onnx/",
      _AREA["onnx"]),
     (r"torch/export/|torch/_export/|torch/fx/(proxy|_symbolic_trace)\.py|torch/fx/experimental/symbolic_shapes|"
      r"torch/_higher_order_ops/cond",
@@ -276,8 +276,10 @@ class Origin:
         if self.found_by == "spawn":
             return ("a process Python's multiprocessing started with spawn (Windows, macOS) failed to send or receive "
                     "its pickled arguments: in a PyTorch program most often a DataLoader worker (num_workers > 0)")
+        toolchain = "ONNX" if self.file.startswith("onnx/") else "ONNX Runtime" if "onnxruntime" in self.file else \
+            "Triton" if self.file.startswith("triton/") else "PyTorch"
         how = "its message matches a message written in" if self.found_by == "template" else \
-            "the innermost PyTorch frame of the traceback is"
+            f"the innermost {toolchain} frame of the traceback is"
         return f"{how} {where}"
 
 
@@ -436,14 +438,15 @@ _STDLIB = re.compile(r"(^|/)[Ll]ib/(python[\d.]+/)?(multiprocessing|concurrent|i
 
 
 # an installed package, or a source checkout of PyTorch (".../pytorch/torch/cuda/__init__.py")
-# (torch_xla and torch_npu are PyTorch's backends for TPUs and Ascend NPUs, installed beside torch)
+# (torch_xla and torch_npu are PyTorch's backends for TPUs and Ascend NPUs, installed beside torch; `onnx` is the
+# package chapter 6 checks an exported file with, as ONNX Runtime runs it)
 _INSTALLED = re.compile(r"(?:site-packages|dist-packages|lib/python[\d.]+|pytorch)/((?:torch|torch_xla|torch_npu|onnxruntime|"
-                        r"triton)/.+)")
+                        r"onnx|triton)/.+)")
 
 
 def frames(text: str) -> list[tuple[str | None, str]]:
     """(file, function) of each frame of a pasted traceback, outermost first: the file relative to the
-    installed package for PyTorch, ONNX Runtime and Triton (torch.compile's kernel compiler) frames, None for
+    installed package for PyTorch, ONNX, ONNX Runtime and Triton (torch.compile's kernel compiler) frames, None for
     any other frame (the user's script, a wrapper library); the standard library's frames are left out. C++'s `Exception raised from f at file`
     comes last: it is where the error was made."""
     found: list[tuple[str | None, str]] = []
@@ -502,7 +505,10 @@ def foreign_cpp(text: str) -> bool:
 # an exception class named with its module ("torch.jit.TracingCheckError", "torch._dynamo.exc.Unsupported")
 _QUALIFIED_ERROR = re.compile(r"\b((?:torch|triton)(?:\.\w+)+)\.[A-Z]\w*(?:Error|Exception|Unsupported|Fail|Resources)\b|"
                               r"\b(onnxruntime)(?:\.\w+)*\.[A-Z]\w*\b|(\[ONNXRuntimeError\])|"
-                              r"Non-zero status code returned while running \w+ node")
+                              r"Non-zero status code returned while running \w+ node|"
+                              # the onnx package's checker and shape inference ("onnx.checker.ValidationError",
+                              # "onnx.onnx_cpp2py_export.shape_inference.InferenceError", "[ShapeInferenceError]")
+                              r"\b(onnx)(?:\.\w+)*\.[A-Z]\w*(?:Error|Exception)\b|\[(?:Shape|Type)InferenceError\]")
 
 
 # exception classes PyTorch defines under names no other library uses, as a paste shows them without their module
@@ -524,13 +530,15 @@ _PYTORCH_EXCEPTION = re.compile(r"\b(" + "|".join(_PYTORCH_EXCEPTIONS) + r")\b")
 
 def error_module(text: str) -> str | None:
     """The source path of the module whose exception class the message names ("torch/jit/"), or
-    "onnxruntime" for ONNX Runtime's errors; None when it names none."""
+    "onnxruntime" for ONNX Runtime's errors and "onnx/" for the onnx package's; None when it names none."""
     match = _QUALIFIED_ERROR.search(text)
     if match is None:
         named = _PYTORCH_EXCEPTION.search(text)
         return _PYTORCH_EXCEPTIONS[named.group(1)] if named else None
     if match.group(1):
         return match.group(1).replace(".", "/") + "/"
+    if match.group(4) or match.group().endswith("InferenceError]"):
+        return "onnx/"
     return "onnxruntime"
 
 
@@ -553,6 +561,10 @@ def origin(text: str) -> Origin | None:
     if template is not None and template.file not in files and area_of(template.file, template.function) is None \
             and _SPAWNED.search(text) and not _POOL.search(text):
         template = None       # Python's pickling words, repeated by an untaught part (torch.package): the spawn says more
+    module = error_module(text)
+    if template is not None and module is not None and template.file not in files and \
+            area_of(template.file, template.function) is None and area_of(module) is not None:
+        template = None       # words of a part no chapter teaches, in an error whose class says where it was raised
     by_frame, frame_area = None, None
     if seen and seen[-1][0] is not None:
         file, function = seen[-1]
@@ -572,7 +584,6 @@ def origin(text: str) -> Origin | None:
         return Origin(template.file, template.function, "template", area)
     if by_frame is not None:
         return by_frame
-    module = error_module(text)
     area = area_of(module) if module else None
     if area is not None:
         return Origin(module.rstrip("/"), "", "exception", replace(area, confident=False))
@@ -780,6 +791,9 @@ _PYTORCH_WORDS = re.compile(r"\btorch\b|torch\.|\bc10::|\baten::|\bat::|\bcuDNN\
                             r"autograd|PytorchStreamReader|inline_container|ProcessGroup\w*|leaf Tensor|"
                             r"BackendCompilerFailed|num_workers)\b|"
                             r"\b[Dd]efault process group\b|\bExpected tensor for argument #\d|"
+                            # the Python binding's argument errors ("unsqueeze(): argument 'dim' must be int, not tuple";
+                            # Python's own say "f() argument 'x' must be", without the colon)
+                            r"\w\(\): argument '\w+'|\breceived an invalid combination of arguments\b|"
                             r"\b(cuda|mps|xpu):\d|"
                             r"\bnn\.Module\b|Tried to allocate|GiB total capacity|Weights only load|"
                             r"Expected object of (backend|device type|scalar type)|<--- HERE|in replica \d+ on device|"
@@ -812,7 +826,9 @@ _LUA_TORCH = re.compile(r"\.lua\b|\b(cutorch|luarocks|luajit)\b")
 # error(s) found", the ONNX-TensorRT parser's "parseGraph")
 _OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cuml|cupy|numba|"
                                r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
-                               r"coremltools|tf2onnx|ggml\w*|ollama)\b|root error\(s\) found|" + _LUA_TORCH.pattern)
+                               r"coremltools|tf2onnx|ggml\w*|ollama)\b|root error\(s\) found|"
+                               # transformers' TensorFlow classes ("TFBertModel", "TFAutoModelForCausalLM")
+                               r"\bTF[A-Z]\w*(?:Model|Layer|For[A-Z]\w*)\b|" + _LUA_TORCH.pattern)
 
 
 def another_frameworks(text: str) -> bool:

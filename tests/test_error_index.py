@@ -631,6 +631,34 @@ def test_a_triton_frame_is_torch_compiles():
     assert frames(pasted) == [("triton/runtime/build.py", "_build")] and explain(pasted).chapter == 6
 
 
+def test_the_onnx_packages_own_errors_are_chapter_6s():
+    """The `onnx` package checks and shape-infers an exported file (chapter 6), as ONNX Runtime runs it: its frames
+    and its exception classes place an error there, with its traceback or pasted without it."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [size]) for name, size in (("a", 2), ("b", 3))]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g", inputs, [output])
+    with pytest.raises(Exception) as raised:                    # [2] + [3]: shapes that do not broadcast
+        onnx.shape_inference.infer_shapes(helper.make_model(graph), strict_mode=True)
+    got = explain(raised.value)
+    assert got.chapter == 6 and "innermost ONNX frame" in got.origin, got
+    error = raised.value
+    pasted = f"{type(error).__module__}.{type(error).__name__}: {error}"
+    assert "[ShapeInferenceError]" in pasted and explain(pasted).chapter == 6
+    assert explain(str(error)).chapter == 6                      # the tag alone
+
+
+def test_the_python_bindings_argument_errors_are_pytorchs_and_pythons_own_are_not():
+    with pytest.raises(TypeError) as torchs:
+        torch.ones(2).unsqueeze((0, 1))                          # "unsqueeze(): argument 'dim' (position 1) ..."
+    with pytest.raises(TypeError) as pythons:
+        "a".replace(1, 2)                                        # "replace() argument 1 must be str, not int"
+    got = explain(f"TypeError: {torchs.value}")
+    assert got is not None and got.chapter == 1, got
+    assert explain(f"TypeError: {pythons.value}") is None
+
+
 @pytest.mark.parametrize("message, chapter", [
     ("RuntimeError: received 0 items of ancdata", 2),                          # DataLoader workers' fd passing
     ("RuntimeError: Too many open files. Communication with the workers is no longer possible.", 2),
