@@ -503,12 +503,13 @@ def foreign_cpp(text: str) -> bool:
 
 
 # an exception class named with its module ("torch.jit.TracingCheckError", "torch._dynamo.exc.Unsupported")
-_QUALIFIED_ERROR = re.compile(r"\b((?:torch|triton)(?:\.\w+)+)\.[A-Z]\w*(?:Error|Exception|Unsupported|Fail|Resources)\b|"
-                              r"\b(onnxruntime)(?:\.\w+)*\.[A-Z]\w*\b|(\[ONNXRuntimeError\])|"
+_QUALIFIED_ERROR = re.compile(r"\b(?P<torch>(?:torch|triton)(?:\.\w+)+)\.[A-Z]\w*(?:Error|Exception|Unsupported|Fail|"
+                              r"Resources)\b|"
+                              r"\bonnxruntime(?:\.\w+)*\.[A-Z]\w*\b|\[ONNXRuntimeError\]|"
                               r"Non-zero status code returned while running \w+ node|"
                               # the onnx package's checker and shape inference ("onnx.checker.ValidationError",
                               # "onnx.onnx_cpp2py_export.shape_inference.InferenceError", "[ShapeInferenceError]")
-                              r"\b(onnx)(?:\.\w+)*\.[A-Z]\w*(?:Error|Exception)\b|\[(?:Shape|Type)InferenceError\]")
+                              r"(?P<onnx>\bonnx(?:\.\w+)*\.[A-Z]\w*(?:Error|Exception)\b|\[(?:Shape|Type)InferenceError\])")
 
 
 # exception classes PyTorch defines under names no other library uses, as a paste shows them without their module
@@ -535,17 +536,16 @@ def error_module(text: str) -> str | None:
     if match is None:
         named = _PYTORCH_EXCEPTION.search(text)
         return _PYTORCH_EXCEPTIONS[named.group(1)] if named else None
-    if match.group(1):
-        return match.group(1).replace(".", "/") + "/"
-    if match.group(4) or match.group().endswith("InferenceError]"):
-        return "onnx/"
-    return "onnxruntime"
+    if match.group("torch"):
+        return match.group("torch").replace(".", "/") + "/"
+    return "onnx/" if match.group("onnx") else "onnxruntime"
 
 
 def origin(text: str) -> Origin | None:
-    """Where a normalised message was raised: by its template first, else by the traceback's innermost frame
-    when that frame is PyTorch's (an error raised in the user's code or a wrapper is not placed by the PyTorch
-    frames that merely called it)."""
+    """Where a normalised message was raised: by its template first (unless it is a part no chapter teaches and the
+    message names its exception class), else by the traceback's innermost frame when that frame is PyTorch's (an
+    error raised in the user's code or a wrapper is not placed by the PyTorch frames that merely called it), else by
+    the module of its exception class or of its log record."""
     # a re-raise (DataParallel's replicas, DataLoader's workers) is not where the error was made
     seen = [(file, function) for file, function in frames(text) if (file, function) != ("torch/_utils.py", "reraise")]
     files = [file for file, _ in seen if file]
@@ -826,7 +826,7 @@ _LUA_TORCH = re.compile(r"\.lua\b|\b(cutorch|luarocks|luajit)\b")
 # error(s) found", the ONNX-TensorRT parser's "parseGraph")
 _OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cuml|cupy|numba|"
                                r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
-                               r"coremltools|tf2onnx|ggml\w*|ollama)\b|root error\(s\) found|"
+                               r"coremltools|\w+2onnx|oneflow|ggml\w*|ollama)\b|root error\(s\) found|"
                                # transformers' TensorFlow classes ("TFBertModel", "TFAutoModelForCausalLM")
                                r"\bTF[A-Z]\w*(?:Model|Layer|For[A-Z]\w*)\b|" + _LUA_TORCH.pattern)
 

@@ -645,8 +645,13 @@ def test_the_onnx_packages_own_errors_are_chapter_6s():
     assert got.chapter == 6 and "innermost ONNX frame" in got.origin, got
     error = raised.value
     pasted = f"{type(error).__module__}.{type(error).__name__}: {error}"
+    # its words match a template of torch.fx's type checker ("Incompatible dimensions"), a part no chapter teaches:
+    # the exception class it names says where it was raised
+    assert "Incompatible dimensions" in pasted and origin(normalise(pasted)).found_by == "exception"
     assert "[ShapeInferenceError]" in pasted and explain(pasted).chapter == 6
     assert explain(str(error)).chapter == 6                      # the tag alone
+    # the same checker run by another framework's converter is not chapter 6's
+    assert explain(f"paddle2onnx: {pasted}") is None and explain(f"skl2onnx {pasted}") is None
 
 
 def test_the_python_bindings_argument_errors_are_pytorchs_and_pythons_own_are_not():
