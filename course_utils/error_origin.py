@@ -276,10 +276,9 @@ class Origin:
         if self.found_by == "spawn":
             return ("a process Python's multiprocessing started with spawn (Windows, macOS) failed to send or receive "
                     "its pickled arguments: in a PyTorch program most often a DataLoader worker (num_workers > 0)")
-        toolchain = "ONNX" if self.file.startswith("onnx/") else "ONNX Runtime" if "onnxruntime" in self.file else \
-            "Triton" if self.file.startswith("triton/") else "PyTorch"
+        package = _PACKAGES.get(self.file.split("/")[0], "PyTorch")
         how = "its message matches a message written in" if self.found_by == "template" else \
-            f"the innermost {toolchain} frame of the traceback is"
+            f"the innermost {package} frame of the traceback is"
         return f"{how} {where}"
 
 
@@ -442,6 +441,7 @@ _STDLIB = re.compile(r"(^|/)[Ll]ib/(python[\d.]+/)?(multiprocessing|concurrent|i
 # package chapter 6 checks an exported file with, as ONNX Runtime runs it)
 _INSTALLED = re.compile(r"(?:site-packages|dist-packages|lib/python[\d.]+|pytorch)/((?:torch|torch_xla|torch_npu|onnxruntime|"
                         r"onnx|triton)/.+)")
+_PACKAGES = {"onnx": "ONNX", "onnxruntime": "ONNX Runtime", "triton": "Triton"}    # the rest are PyTorch's
 
 
 def frames(text: str) -> list[tuple[str | None, str]]:
@@ -558,13 +558,12 @@ def origin(text: str) -> Origin | None:
         template = match_template(text, files, inferred=False)
     if template is not None and _PYTHONS_OWN.fullmatch(template.text) and template.file not in files:
         template = None       # the same words as Python's own error: only a frame in its file says it is PyTorch's
-    if template is not None and template.file not in files and area_of(template.file, template.function) is None \
-            and _SPAWNED.search(text) and not _POOL.search(text):
-        template = None       # Python's pickling words, repeated by an untaught part (torch.package): the spawn says more
     module = error_module(text)
-    if template is not None and module is not None and template.file not in files and \
-            area_of(template.file, template.function) is None and area_of(module) is not None:
-        template = None       # words of a part no chapter teaches, in an error whose class says where it was raised
+    if template is not None and template.file not in files and area_of(template.file, template.function) is None:
+        # the words of a part no chapter teaches yield to what says more: a spawned process (Python's pickling words,
+        # repeated by torch.package), or the exception class the message names
+        if _SPAWNED.search(text) and not _POOL.search(text) or module is not None and area_of(module) is not None:
+            template = None
     by_frame, frame_area = None, None
     if seen and seen[-1][0] is not None:
         file, function = seen[-1]

@@ -634,7 +634,7 @@ def test_a_triton_frame_is_torch_compiles():
 def test_the_onnx_packages_own_errors_are_chapter_6s():
     """The `onnx` package checks and shape-infers an exported file (chapter 6), as ONNX Runtime runs it: its frames
     and its exception classes place an error there, with its traceback or pasted without it."""
-    onnx = pytest.importorskip("onnx")
+    import onnx                                                  # a pinned dependency: chapter 6 uses it
     from onnx import TensorProto, helper
     inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [size]) for name, size in (("a", 2), ("b", 3))]
     output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
