@@ -1,7 +1,8 @@
 """Leave-one-set-out: what the learned placement adds to `explain()` on wordings it never saw.
 
-Run: .venv/bin/python benchmarks/learned_placement_loso.py [--sets 5-22] [--thresholds 0.5,0.4]   (about 4 minutes
-on 2 cores; --thresholds scores other values of LEARNED_THRESHOLD and LEARNED_NOT_PYTORCH than explain's own)
+Run: .venv/bin/python benchmarks/learned_placement_loso.py [--sets 5-N] [--thresholds 0.5,0.4]   (about 4 minutes
+on 2 cores; --sets defaults to set 5 up to the last spent set in SPENT_HELDOUT; --thresholds scores other values
+of LEARNED_THRESHOLD and LEARNED_NOT_PYTORCH than explain's own)
 
 For each spent held-out set N, a model is trained by `tools/train_placement.py`'s own code on everything else
 (the development corpus and the other spent sets), and `explain()` is scored on set N's messages whose wording is
@@ -62,7 +63,7 @@ def fold(held_out: Path, folder: Path) -> dict[str, tuple[int, int, int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", default="5-22", help="first-last spent set to hold out")
+    parser.add_argument("--sets", default=f"5-{len(SPENT_HELDOUT)}", help="first-last spent set to hold out")
     parser.add_argument("--thresholds", help="LEARNED_THRESHOLD,LEARNED_NOT_PYTORCH to score instead of explain's")
     args = parser.parse_args(argv)
     first, last = map(int, args.sets.split("-"))
