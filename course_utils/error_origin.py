@@ -21,7 +21,8 @@ error, from the strongest evidence to the weakest:
 `AREAS` maps a source file to the chapter and section that teach that part of PyTorch, what it does and its
 documentation page. Everything but a template from a precise area is marked low-confidence: the evidence
 does not say which mistake led there. A message that matches a template of a part no chapter teaches
-(building C++ extensions, quantization, ...) is PyTorch's, and is left unplaced.
+(building C++ extensions, sparse tensors, ...) is PyTorch's, and is left unplaced; two parts of inference no
+section teaches (quantization, the attention kernels) are placed in chapter 6, the nearest, at low confidence.
 """
 from __future__ import annotations
 
@@ -80,6 +81,13 @@ _AREA: dict[str, Area] = {area.id: area for area in [
           "2. The training script: chapter 2's loop, distributed", "distributed.html"),
     _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6,
           "1. Half precision: `.half()` or `autocast`", "amp.html"),
+    # two parts of inference no section teaches; chapter 6 (inference, lower precision) is the nearest, so low
+    _area("attention", "scaled_dot_product_attention: its fused kernels (flash, memory-efficient, cutlass) each "
+          "take only some dtypes, head sizes and GPUs", 6, "1. Half precision: `.half()` or `autocast`",
+          "generated/torch.nn.functional.scaled_dot_product_attention.html", confident=False),
+    _area("quantization", "quantization: int8 models for inference, and the engines that run them (FBGEMM, "
+          "QNNPACK, oneDNN)", 6, "1. Half precision: `.half()` or `autocast`", "quantization.html",
+          confident=False),
     _area("onnx", "ONNX export, and ONNX Runtime running the exported file", 6,
           "3. ONNX with a dynamic batch axis", "onnx.html"),
     _area("export", "torch.export: one whole graph of the model, with its shapes as guards", 6,
@@ -164,6 +172,15 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["distributed"]),
     (r"torch/amp/|torch/cuda/amp/|torch/cpu/amp/|autocast",
      _AREA["amp"]),
+    (r"ATen/native/transformers/|torch/nn/attention/",
+     _AREA["attention"]),
+    (r"ATen/native/quantized/|torch/ao/(quantization|nn/quantized|nn/quantizable|nn/intrinsic)/|"
+     r"torch/quantization/|torch/nn/quantized/|torch/backends/quantized/",
+     _AREA["quantization"]),
+    # TorchScript's values (IValue) and operator schemas: a scripted model's inputs or outputs unpacked as the
+    # wrong kind ("isTuple() INTERNAL ASSERT FAILED"), most often from LibTorch
+    (r"ATen/core/(ivalue|function_schema|jit_type)",
+     _AREA["torchscript"]),
     (r"torch/onnx/|onnxruntime|torch/csrc/onnx/|jit/passes/onnx|^onnx/",
      _AREA["onnx"]),
     (r"torch/export/|torch/_export/|torch/fx/(proxy|_symbolic_trace)\.py|torch/fx/experimental/symbolic_shapes|"
@@ -417,8 +434,9 @@ _PY_FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<function>\S+)|
 _CPP_FRAME = re.compile(r"Exception raised from (\S+) at (\S+?):\d+")
 # a C++ file and line in the message itself: 1.x's "... at /pytorch/aten/src/TH/generic/THTensor.cpp:711",
 # another program's "out of memory (c:\\projects\\lc0\\src\\neural\\cuda\\network_cudnn.cc:442"
-_CPP_LOCATION = re.compile(r"([\w.\\/:-]+?\.(?:cpp|cc|cu|cuh|h|hpp))\s?[:(]\s?\d+")
-_CPP_EXTENSION = re.compile(r"\.(?:cpp|cc|cu|cuh|h|hpp)\s?[:(]\s?\d")     # a cheap test first: few messages have one
+# (an internal assertion quotes its file: 'INTERNAL ASSERT FAILED at "../aten/src/ATen/core/ivalue_inl.h":1916')
+_CPP_LOCATION = re.compile(r"([\w.\\/:-]+?\.(?:cpp|cc|cu|cuh|h|hpp))\"?\s?[:(]\s?\d+")
+_CPP_EXTENSION = re.compile(r"\.(?:cpp|cc|cu|cuh|h|hpp)\"?\s?[:(]\s?\d")     # a cheap test first: few messages have one
 
 
 def _cpp_locations(text: str) -> list[re.Match]:
@@ -655,6 +673,9 @@ TOPICS: list[tuple[str, Area]] = [
      _low("data")),
     (_NO_GPU,
      _low("cuda")),
+    # a quantized operator, or the engine that runs them ("quantized engine FBGEMM is not supported", "NoQEngine")
+    (r"\bquantized(::|_decomposed\b| engine\b)|\bNoQEngine\b|\bQuantizedCPU\b",
+     _low("quantization")),
     # a device named wrongly ("cuda:cuda:0", "GPU"): picking the device, chapter 1
     (r"\b[Ii]nvalid device string\b|\bdevice type at start of device string\b|\bExpected one of cpu, cuda\b",
      _low("cuda")),
@@ -826,6 +847,8 @@ _LUA_TORCH = re.compile(r"\.lua\b|\b(cutorch|luarocks|luajit)\b")
 _OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cuml|cupy|numba|"
                                r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
                                r"coremltools|\w+2onnx|oneflow|ggml\w*|ollama)\b|root error\(s\) found|"
+                               # Keras's progress bar ("41/41 [==============================] - 7s 51ms/step - loss")
+                               r"\[=+>?\.*\] - \d+m?s \d+m?s/step\b|"
                                # transformers' TensorFlow classes ("TFBertModel", "TFAutoModelForCausalLM")
                                r"\bTF[A-Z]\w*(?:Model|Layer|For[A-Z]\w*)\b|" + _LUA_TORCH.pattern)
 

@@ -664,6 +664,45 @@ def test_the_python_bindings_argument_errors_are_pytorchs_and_pythons_own_are_no
     assert explain(f"TypeError: {pythons.value}") is None
 
 
+def test_quantizations_and_the_attention_kernels_errors_are_chapter_6s_at_low_confidence():
+    """Two parts of inference no section teaches, raised inside ATen (whose other files are tensor operations,
+    chapter 1): quantized operators and their engines, and scaled_dot_product_attention's kernels."""
+    engine = torch.backends.quantized.engine
+    try:
+        with pytest.raises(RuntimeError) as no_engine:          # "quantized engine NoQEngine is not supported"
+            torch.backends.quantized.engine = "none"
+        with pytest.raises(RuntimeError) as not_an_engine:      # "... is not a valid value for quantized engine"
+            torch.backends.quantized.engine = "qnnpack_x"
+    finally:
+        torch.backends.quantized.engine = engine
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(RuntimeError) as no_kernel, sdpa_kernel(SDPBackend.CUDNN_ATTENTION):   # none on a CPU
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    for raised, area in ((no_engine, "area-quantization"), (not_an_engine, "area-quantization"),
+                         (no_kernel, "area-attention")):
+        for got in (explain(raised.value), explain(f"RuntimeError: {raised.value}")):
+            assert (got.id, got.chapter, got.confidence) == (area, 6, "low"), (raised.value, got)
+
+
+def test_an_internal_assertion_quoting_its_file_is_placed_by_it():
+    """TorchScript's values (IValue) unpacked as the wrong kind, most often in LibTorch; newer releases quote the file
+    of an internal assertion."""
+    got = explain("terminate called after throwing an instance of 'c10::Error'\n  what():  isTuple() INTERNAL ASSERT "
+                  'FAILED at "../aten/src/ATen/core/ivalue_inl.h":1916, please report a bug to PyTorch. Expected Tuple '
+                  "but got String")
+    assert got.id == "area-torchscript" and "ATen/core/ivalue_inl.h" in got.origin, got
+
+
+def test_a_loss_that_turns_nan_in_a_log_and_kerass_progress_bar():
+    for logged in ("[10] epoch 0, 10/186, g_loss nan d_fake_loss nan d_real_loss nan",
+                   "Epoch: 12 mask_loss:  nan size_loss:  nan offset_loss:  nan"):
+        assert explain(logged).id == "nan-loss", logged
+    # Keras prints its progress bar and metrics so: its NaN loss is not for the chapters' advice
+    assert explain("Epoch 1/50\n41/41 [==============================] - 7s 51ms/step - loss: nan - accuracy: "
+                   "0.6654 - val_loss: nan") is None
+
+
 @pytest.mark.parametrize("message, chapter", [
     ("RuntimeError: received 0 items of ancdata", 2),                          # DataLoader workers' fd passing
     ("RuntimeError: Too many open files. Communication with the workers is no longer possible.", 2),
