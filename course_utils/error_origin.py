@@ -157,6 +157,9 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["distributed-sampler"]),
     (r"torch/utils/data/",
      _AREA["data"]),
+    # torch_shm_manager hands out the shared memory through which the DataLoader's workers pass their batches
+    (r"torch/lib/libshm/",
+     _low("data")),
     # torch.distributed.checkpoint saves and loads sharded state dicts: a checkpoint's keys, chapter 4
     (r"torch/distributed/checkpoint/",
      _AREA["serialization"]),
@@ -183,6 +186,9 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["torchscript"]),
     (r"torch/onnx/|onnxruntime|torch/csrc/onnx/|jit/passes/onnx|^onnx/",
      _AREA["onnx"]),
+    # ExecuTorch runs a torch.export'ed program on a device; no section teaches it, export is the nearest
+    (r"^executorch/",
+     _low("export")),
     (r"torch/export/|torch/_export/|torch/fx/(proxy|_symbolic_trace)\.py|torch/fx/experimental/symbolic_shapes|"
      r"torch/_higher_order_ops/cond",
      _AREA["export"]),
@@ -441,7 +447,7 @@ _CPP_EXTENSION = re.compile(r"\.(?:cpp|cc|cu|cuh|h|hpp)\"?\s?[:(]\s?\d")     # a
 
 def _cpp_locations(text: str) -> list[re.Match]:
     return list(_CPP_LOCATION.finditer(text)) if _CPP_EXTENSION.search(text) else []
-_PYTORCH_CPP = re.compile(r"((?:torch/csrc|aten/src|c10|caffe2)/.+)$")
+_PYTORCH_CPP = re.compile(r"((?:torch/csrc|torch/lib/libshm|aten/src|c10|caffe2)/.+)$")
 _OTHERS_CPP_OK = re.compile(r"(^|[/:])(third_party|gloo|nccl|onnx|onnxruntime\w*|fbgemm|ideep|mkl-dnn|torch_npu|torch_xla)/",
                             flags=re.IGNORECASE)      # (":": a location written "Initialize:torch_npu/csrc/...")
 
@@ -458,15 +464,16 @@ _STDLIB = re.compile(r"(^|/)[Ll]ib/(python[\d.]+/)?(multiprocessing|concurrent|i
 # (torch_xla and torch_npu are PyTorch's backends for TPUs and Ascend NPUs, installed beside torch; `onnx` is the
 # package chapter 6 checks an exported file with, as ONNX Runtime runs it)
 _INSTALLED = re.compile(r"(?:site-packages|dist-packages|lib/python[\d.]+|pytorch)/((?:torch|torch_xla|torch_npu|onnxruntime|"
-                        r"onnx|triton)/.+)")
-_PACKAGES = {"onnx": "ONNX", "onnxruntime": "ONNX Runtime", "triton": "Triton"}    # the rest are PyTorch's
+                        r"onnx|triton|executorch)/.+)")
+_PACKAGES = {"onnx": "ONNX", "onnxruntime": "ONNX Runtime", "triton": "Triton",        # the rest are PyTorch's
+             "executorch": "ExecuTorch"}
 
 
 def frames(text: str) -> list[tuple[str | None, str]]:
     """(file, function) of each frame of a pasted traceback, outermost first: the file relative to the
-    installed package for PyTorch, ONNX, ONNX Runtime and Triton (torch.compile's kernel compiler) frames, None for
-    any other frame (the user's script, a wrapper library); the standard library's frames are left out. C++'s `Exception raised from f at file`
-    comes last: it is where the error was made."""
+    installed package for PyTorch, ONNX, ONNX Runtime, Triton (torch.compile's kernel compiler) and ExecuTorch
+    frames, None for any other frame (the user's script, a wrapper library); the standard library's frames are left
+    out. C++'s `Exception raised from f at file` comes last: it is where the error was made."""
     found: list[tuple[str | None, str]] = []
     for match in _PY_FRAME.finditer(text):
         path = (match.group("path") or match.group("path2") or match.group("path3")).replace("\\", "/")
@@ -685,7 +692,8 @@ TOPICS: list[tuple[str, Area]] = [
     # cuDNN's own failures: most often GPU memory running short, or an earlier kernel fault surfacing
     (r"\bCUDNN_STATUS_\w+|\bcuDNN error\b|"
      # cuBLAS failing to create its handle, in PyTorch's words: the GPU's memory is taken
-     r"\bCUBLAS_STATUS_(NOT_INITIALIZED|ALLOC_FAILED) when calling\b",
+     r"\bCUBLAS_STATUS_(NOT_INITIALIZED|ALLOC_FAILED) when calling\b|"
+     r"\bcublas runtime error : (library not initialized|resource allocation failed)\b",      # (1.x's words)
      _low("memory")),
     # the CUDA runtime's asynchronous kernel faults: most often an index out of range in an op or a custom kernel
     (r"illegal memory access|misaligned address|unspecified launch failure|illegal instruction was encountered|"
@@ -750,6 +758,9 @@ TOPICS: list[tuple[str, Area]] = [
      # another accelerator's runtime failing to set or count its devices (Ascend's aclrtGetDeviceCount, SYCL's)
      r"[Ss]etDevice\b|GetDevice(Count)?\b|DEVICE_NOT_FOUND\b",
      _low("cuda")),
+    # ExecuTorch's runtime and its log ("I/ETLOG ... Missing operator"): a torch.export'ed program on a device
+    (r"\b(ExecuTorch|executorch|ETLOG|EdgeOpOverload)\b|\bPortable kernels?\b",
+     _low("export")),
     (r"\b(dynamo|Dynamo|inductor|Inductor|triton|Triton|torch\.compile|graph break|[Rr]ecompil\w*|fullgraph)|"
      r"\bC(\+\+)? compil\w*|\bCppCompile|BackendCompilerFailed|"
      # CUDA graphs (torch.compile's mode="reduce-overhead") record a stream: other work may not run meanwhile

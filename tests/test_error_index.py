@@ -694,6 +694,27 @@ def test_an_internal_assertion_quoting_its_file_is_placed_by_it():
     assert got.id == "area-torchscript" and "ATen/core/ivalue_inl.h" in got.origin, got
 
 
+@pytest.mark.parametrize("message, area", [
+    # 1.x's words for cuBLAS failing to create its handle or workspace: the GPU's memory is taken, as today's
+    # CUBLAS_STATUS_NOT_INITIALIZED / ALLOC_FAILED
+    ("RuntimeError: cublas runtime error : library not initialized at /pytorch/aten/src/THC/THCGeneral.cpp:333",
+     "area-memory"),
+    ("RuntimeError: cublas runtime error : resource allocation failed at /pytorch/aten/src/THC/THCGeneral.cpp:228",
+     "area-memory"),
+    # torch_shm_manager serves the shared memory the DataLoader's workers pass batches through
+    ('RuntimeError: error executing torch_shm_manager at "/env/lib/python3.9/site-packages/torch/bin/torch_shm_manager" '
+     "at ../torch/lib/libshm/core.cpp:99", "area-data"),
+    # ExecuTorch runs a torch.export'ed program: its frames, its runtime's checks and its log
+    ('  File "/env/lib/python3.10/site-packages/executorch/exir/program/_program.py", line 1012, in to_executorch\n'
+     "RuntimeError: Missing out variants: {'aten::foo'}", "area-export"),
+    ("aten::_native_batch_norm_legit.no_stats_out Check failed (training == false): Portable kernels only support "
+     "inference mode!", "area-export"),
+])
+def test_other_parts_named_by_their_words_or_files(message, area):
+    got = explain(message)
+    assert got is not None and got.id == area and got.confidence == "low", (message, got)
+
+
 def test_a_loss_that_turns_nan_in_a_log_and_kerass_progress_bar():
     for logged in ("[10] epoch 0, 10/186, g_loss nan d_fake_loss nan d_real_loss nan",
                    "Epoch: 12 mask_loss:  nan size_loss:  nan offset_loss:  nan"):
