@@ -41,6 +41,8 @@ def development():
     "NotImplementedError: The operator `aten::bar` is not currently implemented for the MPS device.",  # as before
     '"RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 4.00 GiB total capacity)"',  # quoted
     "RuntimeError: svd_cuda: the updating process of SBDSDC did not converge (error: 11)",  # a second label
+    '"NaN or Inf found in input tensor."',                        # an issue's title in quotes: not a quoted name
+    "`NaN or Inf found in input tensor.`",
 ])
 def test_a_known_sentence_is_seen_however_it_was_pasted(message, development):
     assert seen(message, development)

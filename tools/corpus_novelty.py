@@ -37,6 +37,14 @@ _PLACEHOLDERS = {"q", "p", "0"}      # what _canonical puts for a quoted name, a
 _LABEL = re.compile(r"(?:\b\w*(?:Error|Exception|Failure)\b|\berror)\s*:\s*", re.IGNORECASE)
 
 
+# a line of a message that is one quoted string is a pasted message (an issue's title in quotes), not a name in one
+_QUOTED_LINE = re.compile(r"^([ \t]*)([\"'`])((?:(?!\2)[^\n])*)\2[ \t]*$", re.MULTILINE)
+
+
+def _unquoted(message: str) -> str:
+    return _QUOTED_LINE.sub(r"\1\3", message)
+
+
 def _canonical(text: str, backticks: bool = True) -> str:
     """Lower-case words, with numbers, quoted names (up to 60 characters on one line) and paths as placeholders;
     `backticks` reads `x` as a quoted name, else as x (a paste may keep the backticks of PyTorch's message or lose
@@ -87,6 +95,7 @@ Text = tuple[Reading, Reading]     # a message read with backticks as quotes, an
 
 
 def text_of(message: str) -> Text:
+    message = _unquoted(message)
     def reading(backticks: bool) -> Reading:
         words = _canonical(message, backticks).split()
         sentences = [_canonical(sentence, backticks).split() for sentence in key_sentences(message)]
@@ -103,7 +112,9 @@ def seen(message: str, development: list[Text]) -> bool:
     """True when, read either way, a key sentence of the message has half or more of its word 5-grams in one
     development message (a sentence under five words: all its words there in a row, one of them a word, not a
     placeholder: a bare status code such as CUDNN_STATUS_EXECUTION_FAILED counts), or a development message's key
-    sentence of six words or more lies whole inside it."""
+    sentence of six words or more lies whole inside it. A line that is one quoted string is read without its
+    quotes."""
+    message = _unquoted(message)
     for way, backticks in enumerate((True, False)):
         others = [text[way] for text in development]
         for sentence in key_sentences(message):
