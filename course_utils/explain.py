@@ -445,7 +445,8 @@ RULES: list[Rule] = [
           [r"Found dtype (Double|Float|Long|Int|Byte|Bool) but expected (Float|Double|Long|Int)",
            r"expected target dtype to be Long",
            r"expected scalar type (Long|Double|Float|Int|Byte|Bool) but found (Float|Double|Long|Int|Byte|Bool|Char|Short)",
-           r"Expected object of scalar type (Long|Double|Float|Int|Byte|Bool) but got scalar type",
+           # (a Half or BFloat16 beside it is half precision's: dtype-mismatch, chapter 6)
+           r"Expected object of scalar type (Long|Double|Float|Int|Byte|Bool) but got scalar type (?!Half|BFloat16)",
            r"result type \w+ can't be cast to the desired output type (Long|Int|Byte|Bool|Short|Char)",
            r"Expected floating point type for target with class probabilities",
            r"\"nll_loss\w*\" not implemented for '(Float|Double|Int)'",
@@ -483,6 +484,8 @@ RULES: list[Rule] = [
            r"expected (mat1|m1) and (mat2|m2) to have the same dtype",
            r"expected dtype (float|Half|BFloat16|c10::Half|c10::BFloat16) for \S+ but got dtype",
            r"expected scalar type (Half|Float|BFloat16|Double) but found (Half|Float|BFloat16|Double)",
+           r"Expected object of scalar type (Half|BFloat16) but got scalar type|"
+           r"Expected object of scalar type \w+ but got scalar type (Half|BFloat16)\b",      # (1.x's words)
            r"Input type \([^)]*\) and (weight|bias) type \([^)]*\) should be the same"],
           ["mat1 and mat2 must have the same dtype, but got Float and Half",
            "expected scalar type Half but found Float",

@@ -715,6 +715,17 @@ def test_other_parts_named_by_their_words_or_files(message, area):
     assert got is not None and got.id == area and got.confidence == "low", (message, got)
 
 
+def test_1x_words_for_a_half_beside_a_float_are_half_precisions():
+    """1.x's "Expected object of scalar type A but got scalar type B": Half or BFloat16 on either side is chapter 6's
+    dtype mismatch (a model or input left in float16), the rest chapter 1's."""
+    half = explain("RuntimeError: Expected object of scalar type Float but got scalar type Half for sequence element 2 "
+                   "in sequence argument at position #1 'tensors'")
+    assert (half.id, half.chapter) == ("dtype-mismatch", 6)
+    labels = explain("RuntimeError: Expected object of scalar type Long but got scalar type Float for argument #2 "
+                     "'target'")
+    assert (labels.id, labels.chapter) == ("dtype-double-long", 1)
+
+
 def test_a_loss_that_turns_nan_in_a_log_and_kerass_progress_bar():
     for logged in ("[10] epoch 0, 10/186, g_loss nan d_fake_loss nan d_real_loss nan",
                    "Epoch: 12 mask_loss:  nan size_loss:  nan offset_loss:  nan"):
