@@ -21,8 +21,9 @@ error, from the strongest evidence to the weakest:
 `AREAS` maps a source file to the chapter and section that teach that part of PyTorch, what it does and its
 documentation page. Everything but a template from a precise area is marked low-confidence: the evidence
 does not say which mistake led there. A message that matches a template of a part no chapter teaches
-(building C++ extensions, sparse tensors, ...) is PyTorch's, and is left unplaced; two parts of inference no
-section teaches (quantization, the attention kernels) are placed in chapter 6, the nearest, at low confidence.
+(building C++ extensions, torch.fx's type checker, ...) is PyTorch's, and is left unplaced; three parts of inference
+no section teaches (quantization, the attention kernels, ExecuTorch) are placed in chapter 6, the nearest, at low
+confidence.
 """
 from __future__ import annotations
 
@@ -82,8 +83,9 @@ _AREA: dict[str, Area] = {area.id: area for area in [
     _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6,
           "1. Half precision: `.half()` or `autocast`", "amp.html"),
     # two parts of inference no section teaches; chapter 6 (inference, lower precision) is the nearest, so low
-    _area("attention", "scaled_dot_product_attention: its fused kernels (flash, memory-efficient, cutlass) each "
-          "take only some dtypes, head sizes and GPUs", 6, "1. Half precision: `.half()` or `autocast`",
+    _area("attention", "attention: scaled_dot_product_attention's fused kernels (flash, memory-efficient, cutlass) "
+          "and nn.Transformer's fast path, each taking only some dtypes, head sizes and GPUs", 6,
+          "1. Half precision: `.half()` or `autocast`",
           "generated/torch.nn.functional.scaled_dot_product_attention.html", confident=False),
     _area("quantization", "quantization: int8 models for inference, and the engines that run them (FBGEMM, "
           "QNNPACK, oneDNN)", 6, "1. Half precision: `.half()` or `autocast`", "quantization.html",
@@ -177,8 +179,8 @@ AREAS: list[tuple[str, Area]] = [
      _AREA["amp"]),
     (r"ATen/native/transformers/|torch/nn/attention/",
      _AREA["attention"]),
-    (r"ATen/native/quantized/|torch/ao/(quantization|nn/quantized|nn/quantizable|nn/intrinsic)/|"
-     r"torch/quantization/|torch/nn/quantized/|torch/backends/quantized/",
+    (r"ATen/native/quantized/|torch/ao/(quantization|ns|nn/(quantized|quantizable|intrinsic|qat))/|"
+     r"torch/quantization/|torch/nn/(quantized|quantizable|intrinsic|qat)/|torch/backends/quantized/",
      _AREA["quantization"]),
     # TorchScript's values (IValue) and operator schemas: a scripted model's inputs or outputs unpacked as the
     # wrong kind ("isTuple() INTERNAL ASSERT FAILED"), most often from LibTorch
@@ -681,7 +683,7 @@ TOPICS: list[tuple[str, Area]] = [
     (_NO_GPU,
      _low("cuda")),
     # a quantized operator, or the engine that runs them ("quantized engine FBGEMM is not supported", "NoQEngine")
-    (r"\bquantized(::|_decomposed\b| engine\b)|\bNoQEngine\b|\bQuantizedCPU\b",
+    (r"\bquantized(::|_decomposed\b| engine\b)|\bNoQEngine\b|\bQuantized(CPU|CUDA)\b",
      _low("quantization")),
     # a device named wrongly ("cuda:cuda:0", "GPU"): picking the device, chapter 1
     (r"\b[Ii]nvalid device string\b|\bdevice type at start of device string\b|\bExpected one of cpu, cuda\b",
@@ -858,8 +860,10 @@ _LUA_TORCH = re.compile(r"\.lua\b|\b(cutorch|luarocks|luajit)\b")
 _OTHER_FRAMEWORKS = re.compile(r"\b(tensorflow|keras|jaxlib|jax|paddle|mxnet|chainer|cuml|cupy|numba|"
                                r"TensorRT|tensorrt|trtexec|nvinfer|ModelImporter|parseGraph|openvino|OpenVINO|"
                                r"coremltools|\w+2onnx|oneflow|ggml\w*|ollama)\b|root error\(s\) found|"
-                               # Keras's progress bar ("41/41 [==============================] - 7s 51ms/step - loss")
-                               r"\[=+>?\.*\] - \d+m?s \d+m?s/step\b|"
+                               # Keras's progress bar ("41/41 [==============================] - 7s 51ms/step - loss",
+                               # "[====>.....] - ETA: 0s", Keras 3's "━━━━ 7s 51ms/step")
+                               r"\[(=+>?\.*|>?\.+)\] - (ETA: [\d:]+|\d+m?s \d+[mu]?s/(step|sample))|"
+                               r"━+ \d+m?s \d+[mu]?s/step\b|"
                                # transformers' TensorFlow classes ("TFBertModel", "TFAutoModelForCausalLM")
                                r"\bTF[A-Z]\w*(?:Model|Layer|For[A-Z]\w*)\b|" + _LUA_TORCH.pattern)
 

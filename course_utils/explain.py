@@ -446,7 +446,8 @@ RULES: list[Rule] = [
            r"expected target dtype to be Long",
            r"expected scalar type (Long|Double|Float|Int|Byte|Bool) but found (Float|Double|Long|Int|Byte|Bool|Char|Short)",
            # (a Half or BFloat16 beside it is half precision's: dtype-mismatch, chapter 6)
-           r"Expected object of scalar type (Long|Double|Float|Int|Byte|Bool) but got scalar type (?!Half|BFloat16)",
+           r"Expected object of scalar type (Long|Int|Byte|Bool) but got scalar type",
+           r"Expected object of scalar type (Double|Float) but got scalar type (?!Half|BFloat16)",
            r"result type \w+ can't be cast to the desired output type (Long|Int|Byte|Bool|Short|Char)",
            r"Expected floating point type for target with class probabilities",
            r"\"nll_loss\w*\" not implemented for '(Float|Double|Int)'",
@@ -484,8 +485,8 @@ RULES: list[Rule] = [
            r"expected (mat1|m1) and (mat2|m2) to have the same dtype",
            r"expected dtype (float|Half|BFloat16|c10::Half|c10::BFloat16) for \S+ but got dtype",
            r"expected scalar type (Half|Float|BFloat16|Double) but found (Half|Float|BFloat16|Double)",
-           r"Expected object of scalar type (Half|BFloat16) but got scalar type|"
-           r"Expected object of scalar type \w+ but got scalar type (Half|BFloat16)\b",      # (1.x's words)
+           r"Expected object of scalar type (Half|BFloat16) but got scalar type (Float|Double)\b|"
+           r"Expected object of scalar type (Float|Double) but got scalar type (Half|BFloat16)\b",      # (1.x's words)
            r"Input type \([^)]*\) and (weight|bias) type \([^)]*\) should be the same"],
           ["mat1 and mat2 must have the same dtype, but got Float and Half",
            "expected scalar type Half but found Float",
@@ -674,7 +675,7 @@ RULES: list[Rule] = [
           "rate or clip_grad_norm_; torch.autograd.detect_anomaly() names the backward op",
           3, "4. Data",
           [r"returned nan values", r"\b(\w+_)?loss\b[\w `]{0,40}?(\bis\b|\bbecame\b|=|:)\s*['\"]?nan\b",
-           r"\b(\w+_)?loss:? +nan\b",      # a logger's "g_loss nan", "mask_loss:  nan"
+           r"\b(\w+_)?loss +nan\b",      # a logger's "g_loss nan" (its "mask_loss:  nan": the pattern before)
            r"\[loss\]\s*nan\b",
            r"\b(nan|non-finite) loss\b", r"Minimum loss scale reached", r"overflow detected, setting loss scale",
            r"outputs? (is|are) nan\b", r"\bloss became infinite or nan\b",

@@ -702,8 +702,8 @@ def test_an_internal_assertion_quoting_its_file_is_placed_by_it():
     ("RuntimeError: cublas runtime error : resource allocation failed at /pytorch/aten/src/THC/THCGeneral.cpp:228",
      "area-memory"),
     # torch_shm_manager serves the shared memory the DataLoader's workers pass batches through
-    ('RuntimeError: error executing torch_shm_manager at "/env/lib/python3.9/site-packages/torch/bin/torch_shm_manager" '
-     "at ../torch/lib/libshm/core.cpp:99", "area-data"),
+    ('RuntimeError: error executing torch_shm_manager at "/env/lib/python3.9/site-packages/torch/bin/'
+     'torch_shm_manager" at ../torch/lib/libshm/core.cpp:99', "area-data"),
     # ExecuTorch runs a torch.export'ed program: its frames, its runtime's checks and its log
     ('  File "/env/lib/python3.10/site-packages/executorch/exir/program/_program.py", line 1012, in to_executorch\n'
      "RuntimeError: Missing out variants: {'aten::foo'}", "area-export"),
@@ -716,14 +716,17 @@ def test_other_parts_named_by_their_words_or_files(message, area):
 
 
 def test_1x_words_for_a_half_beside_a_float_are_half_precisions():
-    """1.x's "Expected object of scalar type A but got scalar type B": Half or BFloat16 on either side is chapter 6's
-    dtype mismatch (a model or input left in float16), the rest chapter 1's."""
+    """1.x's "Expected object of scalar type A but got scalar type B": Half or BFloat16 against Float or Double is
+    chapter 6's dtype mismatch (a model or input left in float16); an index or label type expected is chapter 1's."""
     half = explain("RuntimeError: Expected object of scalar type Float but got scalar type Half for sequence element 2 "
                    "in sequence argument at position #1 'tensors'")
     assert (half.id, half.chapter) == ("dtype-mismatch", 6)
     labels = explain("RuntimeError: Expected object of scalar type Long but got scalar type Float for argument #2 "
                      "'target'")
     assert (labels.id, labels.chapter) == ("dtype-double-long", 1)
+    target = explain("RuntimeError: Expected object of scalar type Long but got scalar type Half for argument #2 "
+                     "'target'")
+    assert (target.id, target.chapter) == ("dtype-double-long", 1)          # a label converted with .half()
 
 
 def test_a_loss_that_turns_nan_in_a_log_and_kerass_progress_bar():
@@ -731,8 +734,11 @@ def test_a_loss_that_turns_nan_in_a_log_and_kerass_progress_bar():
                    "Epoch: 12 mask_loss:  nan size_loss:  nan offset_loss:  nan"):
         assert explain(logged).id == "nan-loss", logged
     # Keras prints its progress bar and metrics so: its NaN loss is not for the chapters' advice
-    assert explain("Epoch 1/50\n41/41 [==============================] - 7s 51ms/step - loss: nan - accuracy: "
-                   "0.6654 - val_loss: nan") is None
+    for keras in ("Epoch 1/50\n41/41 [==============================] - 7s 51ms/step - loss: nan - accuracy: 0.6654",
+                  " 64/500 [==>...........................] - ETA: 1:02 - loss: nan",
+                  "1875/1875 [==============================] - 2s 820us/sample - loss: nan",
+                  "41/41 ━━━━━━━━━━━━━━━━━━━━ 7s 51ms/step - loss: nan"):
+        assert explain(keras) is None, keras
 
 
 @pytest.mark.parametrize("message, chapter", [
