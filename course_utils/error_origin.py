@@ -63,6 +63,7 @@ def _area(id, what, chapter, section, docs, confident=True) -> Area:
 
 _LAYERS = "The shapes a layer expects"
 _BROADCAST = "Broadcasting: shapes that pair up wrongly"
+_HALF = "1. Half precision: `.half()` or `autocast`"
 # Each part of PyTorch the chapters teach, defined once: where its errors are raised (AREAS) and what their
 # words are about (TOPICS) point at the same chapter, section and documentation page.
 _AREA: dict[str, Area] = {area.id: area for area in [
@@ -80,16 +81,14 @@ _AREA: dict[str, Area] = {area.id: area for area in [
           "2. The training script: chapter 2's loop, distributed", "notes/ddp.html"),
     _area("distributed", "torch.distributed: process groups and the collectives (NCCL, gloo) between ranks", 5,
           "2. The training script: chapter 2's loop, distributed", "distributed.html"),
-    _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6,
-          "1. Half precision: `.half()` or `autocast`", "amp.html"),
-    # two parts of inference no section teaches; chapter 6 (inference, lower precision) is the nearest, so low
+    _area("amp", "automatic mixed precision: autocast and the gradient scaler", 6, _HALF, "amp.html"),
+    # two parts of inference no section teaches (ExecuTorch, in AREAS, is a third); chapter 6 (inference, lower
+    # precision) is the nearest, so low
     _area("attention", "attention: scaled_dot_product_attention's fused kernels (flash, memory-efficient, cutlass) "
-          "and nn.Transformer's fast path, each taking only some dtypes, head sizes and GPUs", 6,
-          "1. Half precision: `.half()` or `autocast`",
+          "and nn.Transformer's fast path, each taking only some dtypes, head sizes and GPUs", 6, _HALF,
           "generated/torch.nn.functional.scaled_dot_product_attention.html", confident=False),
     _area("quantization", "quantization: int8 models for inference, and the engines that run them (FBGEMM, "
-          "QNNPACK, oneDNN)", 6, "1. Half precision: `.half()` or `autocast`", "quantization.html",
-          confident=False),
+          "QNNPACK, oneDNN)", 6, _HALF, "quantization.html", confident=False),
     _area("onnx", "ONNX export, and ONNX Runtime running the exported file", 6,
           "3. ONNX with a dynamic batch axis", "onnx.html"),
     _area("export", "torch.export: one whole graph of the model, with its shapes as guards", 6,

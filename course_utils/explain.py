@@ -485,8 +485,8 @@ RULES: list[Rule] = [
            r"expected (mat1|m1) and (mat2|m2) to have the same dtype",
            r"expected dtype (float|Half|BFloat16|c10::Half|c10::BFloat16) for \S+ but got dtype",
            r"expected scalar type (Half|Float|BFloat16|Double) but found (Half|Float|BFloat16|Double)",
-           r"Expected object of scalar type (Half|BFloat16) but got scalar type (Float|Double)\b|"
-           r"Expected object of scalar type (Float|Double) but got scalar type (Half|BFloat16)\b",      # (1.x's words)
+           r"Expected object of scalar type (Half|BFloat16) but got scalar type (Float|Double)\b",    # (1.x's words)
+           r"Expected object of scalar type (Float|Double) but got scalar type (Half|BFloat16)\b",
            r"Input type \([^)]*\) and (weight|bias) type \([^)]*\) should be the same"],
           ["mat1 and mat2 must have the same dtype, but got Float and Half",
            "expected scalar type Half but found Float",
